@@ -1,0 +1,62 @@
+"""memplan's exception tree: every error a user can cause is one of these."""
+
+from __future__ import annotations
+
+
+class MemplanError(Exception):
+    """Base of every error memplan raises on bad input."""
+
+
+class BudgetError(MemplanError, ValueError):
+    """A budget that is zero, negative, not a number or cannot be parsed."""
+
+
+class InfeasibleBudget(MemplanError):
+    """No schedule found fits the budget; `smallest_feasible` is the least peak found."""
+
+    def __init__(self, budget: int, smallest_feasible: int, solver: str) -> None:
+        from memplan.graph import format_bytes
+
+        self.budget = budget
+        self.smallest_feasible = smallest_feasible
+        self.solver = solver
+        super().__init__(
+            f"budget {format_bytes(budget)} ({budget} B) is below the smallest feasible peak "
+            f"{format_bytes(smallest_feasible)} ({smallest_feasible} B) found by {solver!r}"
+        )
+
+
+class GraphError(MemplanError, ValueError):
+    """A malformed Graph or graph file (cycles, missing fields, unknown ids)."""
+
+
+class InvalidSchedule(MemplanError):
+    """The simulator rejected a schedule: a missing input, a bad transfer or over budget."""
+
+
+class UnsupportedModel(MemplanError):
+    """The model cannot be planned; the message names the node and why."""
+
+    def __init__(self, node: str, reason: str) -> None:
+        self.node = node
+        self.reason = reason
+        super().__init__(f"cannot plan node {node!r}: {reason}")
+
+
+class ModelFileError(MemplanError):
+    """A model file that is missing, corrupt or would need unpickling to load."""
+
+
+class PlanFileError(MemplanError):
+    """A plan file that is missing, corrupt or does not match the model."""
+
+
+class UnknownSolver(MemplanError, KeyError):
+    """A solver name the registry does not know."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class MissingDependency(MemplanError, ImportError):
+    """An optional library a solver needs is not installed."""

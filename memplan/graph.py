@@ -1,0 +1,378 @@
+"""The solver-neutral IR: Graph, Node, Budget, Schedule and its steps.
+
+Frozen dataclasses with no torch in them. Solvers take a Graph and return a Schedule;
+the simulator judges schedules; the torch-facing stages produce and consume these.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from memplan.errors import BudgetError, GraphError
+
+
+class NodeKind(str, enum.Enum):
+    """What a node is in the training step."""
+
+    PARAM = "param"  # parameter or buffer: resident for the whole step
+    INPUT = "input"  # user input: resident for the whole step
+    TANGENT = "tangent"  # incoming gradient: materialised when the backward starts
+    COMPUTE = "compute"  # an operation
+
+
+class Decision(str, enum.Enum):
+    """What happens to a forward tensor between its forward use and its backward use."""
+
+    KEEP = "keep"
+    RECOMPUTE = "recompute"
+    OFFLOAD = "offload"
+
+
+@dataclass(frozen=True)
+class Node:
+    """One value of the joint graph.
+
+    `bytes` is the storage the node allocates when it runs. A view owns 0 bytes and keeps
+    `alias_of` (the storage's owner) alive. A node `carved_from` a multi-output producer
+    takes its bytes out of the producer's allocation instead of allocating anew.
+    """
+
+    id: int
+    name: str
+    op: str
+    inputs: tuple[int, ...] = ()
+    bytes: int = 0
+    time: float = 0.0
+    kind: NodeKind = NodeKind.COMPUTE
+    is_backward: bool = False
+    alias_of: int | None = None
+    carved_from: int | None = None
+    recomputable: bool = True
+    offloadable: bool = True
+
+    @property
+    def is_resident_input(self) -> bool:
+        """Present before the step starts and never freed by it."""
+        return self.kind in (NodeKind.PARAM, NodeKind.INPUT)
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A DAG of Nodes whose ids are 0..n-1 in a topological (reference) order.
+
+    `outputs` stay resident until the end of the step (forward outputs held by the caller
+    and the gradients the backward produces).
+    """
+
+    nodes: tuple[Node, ...]
+    outputs: tuple[int, ...] = ()
+    name: str = "graph"
+
+    def __post_init__(self) -> None:
+        for index, node in enumerate(self.nodes):
+            if node.id != index:
+                raise GraphError(f"node {node.name!r} has id {node.id}, expected {index}")
+            for source in node.inputs:
+                if not 0 <= source < index:
+                    raise GraphError(
+                        f"node {node.name!r} reads {source}, which is not an earlier node"
+                    )
+            for ref, what in ((node.alias_of, "alias_of"), (node.carved_from, "carved_from")):
+                if ref is not None and not 0 <= ref < index:
+                    raise GraphError(f"node {node.name!r} has {what}={ref}, not an earlier node")
+            if node.bytes < 0 or not math.isfinite(node.time) or node.time < 0:
+                raise GraphError(f"node {node.name!r} has negative bytes or time")
+        for out in self.outputs:
+            if not 0 <= out < len(self.nodes):
+                raise GraphError(f"output {out} is not a node id")
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self.nodes)
+
+    def __getitem__(self, node_id: int) -> Node:
+        return self.nodes[node_id]
+
+    @cached_property
+    def users(self) -> tuple[tuple[int, ...], ...]:
+        """users[v]: the nodes that read v, in increasing id order."""
+        readers: list[list[int]] = [[] for _ in self.nodes]
+        for node in self.nodes:
+            for source in dict.fromkeys(node.inputs):
+                readers[source].append(node.id)
+        return tuple(tuple(r) for r in readers)
+
+    @cached_property
+    def storage_owner(self) -> tuple[int, ...]:
+        """storage_owner[v]: the node whose allocation v's bytes live in (v itself if it owns)."""
+        owner: list[int] = []
+        for node in self.nodes:
+            owner.append(owner[node.alias_of] if node.alias_of is not None else node.id)
+        return tuple(owner)
+
+    @cached_property
+    def by_name(self) -> dict[str, int]:
+        return {node.name: node.id for node in self.nodes}
+
+    @property
+    def forward_ids(self) -> list[int]:
+        return [n.id for n in self.nodes if n.kind is NodeKind.COMPUTE and not n.is_backward]
+
+    @property
+    def backward_ids(self) -> list[int]:
+        return [n.id for n in self.nodes if n.kind is NodeKind.COMPUTE and n.is_backward]
+
+    @property
+    def resident_inputs(self) -> list[int]:
+        return [n.id for n in self.nodes if n.is_resident_input]
+
+    @cached_property
+    def saved_candidates(self) -> tuple[int, ...]:
+        """Forward compute nodes that some backward node reads: what a planner decides on."""
+        return tuple(
+            v for v in self.forward_ids if any(self.nodes[u].is_backward for u in self.users[v])
+        )
+
+    @property
+    def total_time(self) -> float:
+        return sum(n.time for n in self.nodes)
+
+    def replace_times(self, times: Sequence[float]) -> Graph:
+        """The same graph with node times replaced (the profiler's output)."""
+        if len(times) != len(self.nodes):
+            raise GraphError(f"got {len(times)} times for {len(self.nodes)} nodes")
+        nodes = tuple(
+            dataclasses.replace(n, time=float(t)) for n, t in zip(self.nodes, times, strict=True)
+        )
+        return Graph(nodes=nodes, outputs=self.outputs, name=self.name)
+
+
+# --- schedule steps -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Run the node (again, if it ran before: a recomputation)."""
+
+    node: int
+
+
+@dataclass(frozen=True)
+class Free:
+    """Drop the device copy of the node."""
+
+    node: int
+
+
+@dataclass(frozen=True)
+class Offload:
+    """Start a device-to-host copy of the node on the copy stream."""
+
+    node: int
+
+
+@dataclass(frozen=True)
+class Prefetch:
+    """Start a host-to-device copy of the node's host copy on the copy stream."""
+
+    node: int
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Make the compute stream wait until the node's prefetch has landed."""
+
+    node: int
+
+
+Step = Compute | Free | Offload | Prefetch | Wait
+STEP_TYPES: dict[str, type[Step]] = {
+    cls.__name__.lower(): cls for cls in (Compute, Free, Offload, Prefetch, Wait)
+}
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """An ordered list of steps over a Graph's nodes; the only thing a solver returns.
+
+    `backward_start` is the index of the first step that belongs to the backward pass
+    (len(steps) when the schedule is not split into a forward and a backward).
+    """
+
+    steps: tuple[Step, ...]
+    backward_start: int | None = None
+
+    @property
+    def split(self) -> int:
+        return len(self.steps) if self.backward_start is None else self.backward_start
+
+    def computes(self) -> list[int]:
+        return [s.node for s in self.steps if isinstance(s, Compute)]
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "steps": [[type(s).__name__.lower(), s.node] for s in self.steps],
+            "backward_start": self.backward_start,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> Schedule:
+        raw = data.get("steps")
+        if not isinstance(raw, list):
+            raise GraphError("schedule JSON has no 'steps' list")
+        steps: list[Step] = []
+        for item in raw:
+            if not (isinstance(item, list) and len(item) == 2 and item[0] in STEP_TYPES):
+                raise GraphError(f"bad schedule step {item!r}")
+            steps.append(STEP_TYPES[item[0]](int(item[1])))
+        start = data.get("backward_start")
+        return cls(steps=tuple(steps), backward_start=None if start is None else int(start))
+
+
+def with_frees(graph: Graph, steps: Iterable[Step], keep: Iterable[int] = ()) -> list[Step]:
+    """Insert a Free after the last read of every device copy, as Python frees fx values.
+
+    A read is a Compute that takes the copy as input or an Offload of it. A copy is made by
+    a Compute or a Wait (a landed prefetch); a copy that is never read is freed right after
+    it is made. Nodes in `keep`, graph outputs and resident inputs are never freed.
+    """
+    steps = list(steps)
+    never_free = set(keep) | set(graph.outputs) | set(graph.resident_inputs)
+    last_read: dict[int, int] = {}  # node -> index of the step that last read its live copy
+    made_at: dict[int, int] = {}
+    free_after: dict[int, list[int]] = {}
+
+    def close(node: int) -> None:
+        if node in made_at and node not in never_free:
+            free_after.setdefault(last_read.get(node, made_at[node]), []).append(node)
+        made_at.pop(node, None)
+        last_read.pop(node, None)
+
+    for index, step in enumerate(steps):
+        if isinstance(step, Compute):
+            for source in dict.fromkeys(graph[step.node].inputs):
+                last_read[source] = index
+            close(step.node)
+            made_at[step.node] = index
+        elif isinstance(step, Offload):
+            last_read[step.node] = index
+        elif isinstance(step, Wait):
+            close(step.node)
+            made_at[step.node] = index
+    for node in list(made_at):
+        close(node)
+
+    out: list[Step] = []
+    for index, step in enumerate(steps):
+        out.append(step)
+        out.extend(Free(v) for v in sorted(free_after.get(index, ())))
+    return out
+
+
+# --- budgets ---------------------------------------------------------------------------
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_BUDGET_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z%]*)\s*$")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A peak-memory budget: absolute bytes, or a fraction of the unplanned peak."""
+
+    bytes: int | None = None
+    fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.bytes is None) == (self.fraction is None):
+            raise BudgetError("a Budget has exactly one of bytes or fraction")
+        if self.bytes is not None and self.bytes <= 0:
+            raise BudgetError(f"budget must be positive, got {self.bytes} bytes")
+        if self.fraction is not None and not (math.isfinite(self.fraction) and self.fraction > 0):
+            raise BudgetError(f"budget fraction must be positive, got {self.fraction}")
+
+    @classmethod
+    def parse(cls, value: Budget | str | float | int) -> Budget:
+        """Accept "6GiB", "512 MB", 6e9, 123456 or "60%" (of the unplanned peak)."""
+        if isinstance(value, Budget):
+            return value
+        if isinstance(value, bool):
+            raise BudgetError(f"budget must be bytes or a percentage, got {value!r}")
+        if isinstance(value, (int, float)):
+            if not math.isfinite(value) or value <= 0:
+                raise BudgetError(f"budget must be a positive number of bytes, got {value!r}")
+            return cls(bytes=math.floor(value))
+        if not isinstance(value, str):
+            raise BudgetError(
+                f"budget must be a str, int or float, got {value!r} of type {type(value).__name__}"
+            )
+        match = _BUDGET_RE.match(value)
+        if match is None:
+            raise BudgetError(
+                f"cannot parse budget {value!r}; "
+                "use bytes (2e9), a size ('2GiB') or a share ('60%')"
+            )
+        number, unit = float(match.group(1)), match.group(2).lower()
+        if unit == "%":
+            if number <= 0:
+                raise BudgetError(f"budget must be positive, got {value!r}")
+            return cls(fraction=number / 100.0)
+        if unit not in _UNITS:
+            raise BudgetError(f"unknown unit {match.group(2)!r} in budget {value!r}")
+        if number <= 0:
+            raise BudgetError(f"budget must be positive, got {value!r}")
+        return cls(bytes=math.floor(number * _UNITS[unit]))
+
+    def resolve(self, unplanned_peak: int) -> int:
+        """The budget in bytes, given the unplanned (keep-all) peak."""
+        if self.bytes is not None:
+            return self.bytes
+        assert self.fraction is not None
+        return math.floor(self.fraction * unplanned_peak)
+
+    def __str__(self) -> str:
+        if self.fraction is not None:
+            return f"{self.fraction * 100:g}%"
+        return format_bytes(self.bytes or 0)
+
+
+def format_bytes(n: float) -> str:
+    """1536 -> '1.50 KiB'."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+@dataclass(frozen=True)
+class SolveResult:
+    """What a solver returns: the schedule plus how it was found."""
+
+    solver: str
+    status: str  # optimal | feasible | infeasible | timeout
+    schedule: Schedule | None
+    objective: float | None = None
+    lower_bound: float | None = None
+    gap: float | None = None
+    solve_seconds: float = 0.0
+    decisions: dict[int, Decision] = field(default_factory=dict)
+    options: dict[str, object] = field(default_factory=dict)
+    message: str = ""

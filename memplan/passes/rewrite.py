@@ -1,0 +1,171 @@
+"""Rewrite: a Schedule applied to the joint graph -> forward and backward GraphModules.
+
+The forward runs the schedule's forward steps and returns the forward outputs followed by
+the values the backward reads (kept tensors and host copies). The backward takes those
+and the tangents, and runs the backward steps in order: a forward op computed again is a
+copy named `recompute_*`, a transfer is `offload_*` (forward), `prefetch_*` and `wait_*`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from memplan.graph import Compute, Free, NodeKind, Offload, Prefetch, Schedule, Step, Wait
+from memplan.passes import offload as offload_ops
+from memplan.planner.lower import Lowered
+
+
+def rewrite(
+    lowered: Lowered, schedule: Schedule, *, stamp: dict[str, object] | None = None
+) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """Forward and backward modules that carry out `schedule` on `lowered.joint`."""
+    started = time.perf_counter()
+    forward_steps = schedule.steps[: schedule.split]
+    backward_steps = schedule.steps[schedule.split :]
+    joint_outputs = pytree.arg_tree_leaves(
+        *next(iter(lowered.joint.graph.find_nodes(op="output"))).args
+    )
+
+    fw, fw_values, host_copies = _forward_graph(lowered, forward_steps)
+    handed_over = _handed_over(lowered, backward_steps, fw_values, host_copies)
+    forward_outputs = [_lookup(fw_values, o) for o in joint_outputs[: lowered.num_fwd_outputs]]
+    fw.output(tuple(forward_outputs + [value for _, value in handed_over]))
+
+    bw, bw_values = _backward_graph(lowered, backward_steps, handed_over)
+    bw.output(tuple(_lookup(bw_values, o) for o in joint_outputs[lowered.num_fwd_outputs :]))
+
+    modules = []
+    elapsed = time.perf_counter() - started
+    for part, graph in (("forward", fw), ("backward", bw)):
+        graph.lint()
+        module = fx.GraphModule(lowered.joint, graph, class_name=f"Memplan{part.title()}")
+        module.recompile()
+        module.meta["memplan"] = {**(stamp or {}), "part": part, "rewrite_seconds": elapsed}
+        modules.append(module)
+    return modules[0], modules[1]
+
+
+def _forward_graph(
+    lowered: Lowered, steps: Sequence[Step]
+) -> tuple[fx.Graph, dict[fx.Node, fx.Node], dict[int, fx.Node]]:
+    """The forward graph without its output, its values by joint node, and host copies."""
+    graph, fx_nodes = lowered.graph, lowered.fx_nodes
+    fw = fx.Graph()
+    values: dict[fx.Node, fx.Node] = {}
+    host_copies: dict[int, fx.Node] = {}
+    for node in graph:
+        if node.kind is not NodeKind.COMPUTE and node.kind is not NodeKind.TANGENT:
+            values[fx_nodes[node.id]] = _copy(fw, fx_nodes[node.id], values)
+    for step in steps:
+        joint_node = fx_nodes[step.node]
+        if isinstance(step, Compute):
+            values[joint_node] = _copy(fw, joint_node, values)
+        elif isinstance(step, Offload):
+            host_copies[step.node] = fw.create_node(
+                "call_function",
+                offload_ops.offload,
+                (values[joint_node],),
+                name=f"offload_{joint_node.name}",
+            )
+        elif not isinstance(step, Free):
+            raise ValueError(f"a {type(step).__name__} step cannot run in the forward")
+    return fw, values, host_copies
+
+
+def _handed_over(
+    lowered: Lowered,
+    steps: Sequence[Step],
+    fw_values: dict[fx.Node, fx.Node],
+    host_copies: dict[int, fx.Node],
+) -> list[tuple[tuple[str, int], fx.Node]]:
+    """What the backward reads from the forward, in order of first need: ("value", id) for
+    a device value, ("host", id) for a host copy, each with the forward node that holds it."""
+    graph = lowered.graph
+    needed: dict[tuple[str, int], fx.Node] = {}
+    made: set[int] = set()
+    for step in steps:
+        if isinstance(step, Compute):
+            for source in graph[step.node].inputs:
+                if source not in made and graph[source].kind is not NodeKind.TANGENT:
+                    needed.setdefault(("value", source), fw_values[lowered.fx_nodes[source]])
+            made.add(step.node)
+        elif isinstance(step, Prefetch):
+            needed.setdefault(("host", step.node), host_copies[step.node])
+        elif isinstance(step, Wait):
+            made.add(step.node)
+    return list(needed.items())
+
+
+def _backward_graph(
+    lowered: Lowered,
+    steps: Sequence[Step],
+    handed_over: list[tuple[tuple[str, int], fx.Node]],
+) -> tuple[fx.Graph, dict[fx.Node, fx.Node]]:
+    """The backward graph without its output, and its values by joint node."""
+    graph, fx_nodes = lowered.graph, lowered.fx_nodes
+    device = lowered.device
+    bw = fx.Graph()
+    values: dict[fx.Node, fx.Node] = {}
+    in_transit: dict[int, fx.Node] = {}  # host copies, then the prefetches of them
+    for (what, v), forward_value in handed_over:
+        placeholder = bw.placeholder(forward_value.name)
+        placeholder.meta = dict(forward_value.meta)
+        if what == "host":
+            in_transit[v] = placeholder
+        else:
+            values[fx_nodes[v]] = placeholder
+    for node in graph:
+        if node.kind is NodeKind.TANGENT:
+            values[fx_nodes[node.id]] = _copy(bw, fx_nodes[node.id], values)
+    for step in steps:
+        joint_node = fx_nodes[step.node]
+        if isinstance(step, Compute):
+            if graph[step.node].kind is NodeKind.TANGENT:
+                continue
+            recompute = not graph[step.node].is_backward
+            name = f"recompute_{joint_node.name}" if recompute else None
+            values[joint_node] = _copy(bw, joint_node, values, name=name)
+        elif isinstance(step, Prefetch):
+            in_transit[step.node] = bw.create_node(
+                "call_function",
+                offload_ops.prefetch,
+                (in_transit[step.node], device),
+                name=f"prefetch_{joint_node.name}",
+            )
+        elif isinstance(step, Wait):
+            values[joint_node] = bw.create_node(
+                "call_function",
+                offload_ops.wait,
+                (in_transit[step.node],),
+                name=f"wait_{joint_node.name}",
+            )
+        elif not isinstance(step, Free):
+            raise ValueError(f"a {type(step).__name__} step cannot run in the backward")
+    return bw, values
+
+
+def _copy(
+    target: fx.Graph,
+    node: fx.Node,
+    values: dict[fx.Node, fx.Node],
+    name: str | None = None,
+) -> fx.Node:
+    """Copy a joint node into `target`, reading its inputs from `values`."""
+    copied = target.create_node(
+        node.op,
+        node.target,
+        fx.map_arg(node.args, values.__getitem__),
+        fx.map_arg(node.kwargs, values.__getitem__),
+        name=name or node.name,
+    )
+    copied.meta = dict(node.meta)
+    return copied
+
+
+def _lookup(values: dict[fx.Node, fx.Node], item: Any) -> Any:
+    return values[item] if isinstance(item, fx.Node) else item

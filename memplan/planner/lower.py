@@ -1,0 +1,176 @@
+"""Lower: an AOTAutograd joint fx graph -> the solver-neutral Graph.
+
+Bytes are alias-aware, read from the FakeTensor storages AOTAutograd leaves on every node:
+the first node holding a storage owns its bytes, later nodes on that storage are views
+(0 bytes, keep the owner alive), and the outputs of a multi-output op are carved out of
+its allocation by the getitems that extract them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from memplan.errors import UnsupportedModel
+from memplan.graph import Graph, Node, NodeKind
+
+# Below this size an offload costs more in launch and bookkeeping than it saves.
+DEFAULT_OFFLOAD_THRESHOLD = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """A Graph and the fx nodes its ids stand for (fx_nodes[i] is node i)."""
+
+    graph: Graph
+    joint: fx.GraphModule
+    fx_nodes: tuple[fx.Node, ...]
+    num_fwd_outputs: int
+
+    @property
+    def device(self) -> torch.device:
+        """The device the traced tensors live on."""
+        for n in self.fx_nodes:
+            val = n.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                return val.device
+        return torch.device("cpu")
+
+    @property
+    def fingerprint(self) -> str:
+        """Identifies the graph a plan was made for: names, ops, edges and bytes."""
+        digest = hashlib.sha256()
+        for node in self.graph:
+            digest.update(f"{node.name}|{node.op}|{node.inputs}|{node.bytes};".encode())
+        return digest.hexdigest()[:16]
+
+
+def lower(
+    joint: fx.GraphModule,
+    num_fwd_outputs: int,
+    *,
+    name: str = "graph",
+    offload_threshold: int = DEFAULT_OFFLOAD_THRESHOLD,
+) -> Lowered:
+    """The Graph of a joint module whose first `num_fwd_outputs` outputs are the forward's."""
+    fx_nodes = [
+        n for n in joint.graph.nodes if n.op in ("placeholder", "get_attr", "call_function")
+    ]
+    for n in joint.graph.nodes:
+        if n.op in ("call_module", "call_method"):
+            raise UnsupportedModel(n.name, f"{n.op} nodes are not expected in an ATen joint graph")
+    ids = {n: i for i, n in enumerate(fx_nodes)}
+    outputs = pytree.arg_tree_leaves(*next(iter(joint.graph.find_nodes(op="output"))).args)
+    forward = _ancestors([o for o in outputs[:num_fwd_outputs] if isinstance(o, fx.Node)])
+    # The outputs of a forward op are extracted in the forward even if only the backward
+    # reads them: a tuple cannot be handed to the backward.
+    forward |= {
+        n for n in fx_nodes if n.target is operator.getitem and n.args[0] in forward
+    }
+
+    owner_of_storage: dict[StorageWeakRef, int] = {}
+    nodes: list[Node] = []
+    for i, n in enumerate(fx_nodes):
+        val = n.meta.get("val")
+        if n.op == "call_function" and "val" not in n.meta:
+            raise UnsupportedModel(n.name, f"{n.target} has no traced value (unsupported op)")
+        _check_static(n, val)
+        inputs = tuple(ids[a] for a in dict.fromkeys(n.all_input_nodes))
+        alias_of = carved_from = None
+        if isinstance(val, torch.Tensor):
+            key = StorageWeakRef(val.untyped_storage())
+            nbytes = val.untyped_storage().nbytes()
+            if key in owner_of_storage:
+                alias_of, nbytes = owner_of_storage[key], 0
+            else:
+                owner_of_storage[key] = i
+                parent = n.args[0] if n.target is operator.getitem else None
+                if isinstance(parent, fx.Node) and isinstance(parent.meta.get("val"), tuple | list):
+                    carved_from = ids[parent]
+        else:
+            nbytes = _fresh_bytes(val, owner_of_storage)
+        nodes.append(
+            Node(
+                id=i,
+                name=n.name,
+                op=str(n.target) if n.op != "placeholder" else "placeholder",
+                inputs=inputs,
+                bytes=nbytes,
+                kind=_kind(n),
+                is_backward=n.op == "call_function" and n not in forward,
+                alias_of=alias_of,
+                carved_from=carved_from,
+                recomputable=_recomputable(n),
+                offloadable=isinstance(val, torch.Tensor)
+                and alias_of is None
+                and nbytes >= offload_threshold,
+            )
+        )
+    graph_outputs = tuple(dict.fromkeys(ids[o] for o in outputs if isinstance(o, fx.Node)))
+    graph = Graph(nodes=tuple(nodes), outputs=graph_outputs, name=name)
+    return Lowered(
+        graph=graph, joint=joint, fx_nodes=tuple(fx_nodes), num_fwd_outputs=num_fwd_outputs
+    )
+
+
+def _ancestors(roots: list[fx.Node]) -> set[fx.Node]:
+    seen: set[fx.Node] = set()
+    stack = list(roots)
+    while stack:
+        n = stack.pop()
+        if n in seen or n.op != "call_function":
+            continue
+        seen.add(n)
+        stack.extend(n.all_input_nodes)
+    return seen
+
+
+def _kind(n: fx.Node) -> NodeKind:
+    if n.op == "get_attr":
+        return NodeKind.PARAM
+    if n.op != "placeholder":
+        return NodeKind.COMPUTE
+    if n.name.startswith("tangents"):
+        return NodeKind.TANGENT
+    desc = type(n.meta.get("desc")).__name__
+    return NodeKind.PARAM if desc in ("ParamAOTInput", "BufferAOTInput") else NodeKind.INPUT
+
+
+def _fresh_bytes(val: object, owner_of_storage: dict[StorageWeakRef, int]) -> int:
+    """Bytes a multi-output op allocates: its outputs' storages not seen before."""
+    seen: set[StorageWeakRef] = set()
+    total = 0
+    for item in pytree.tree_leaves(val):
+        if isinstance(item, torch.Tensor):
+            key = StorageWeakRef(item.untyped_storage())
+            if key not in owner_of_storage and key not in seen:
+                seen.add(key)
+                total += item.untyped_storage().nbytes()
+    return total
+
+
+def _check_static(n: fx.Node, val: object) -> None:
+    for item in pytree.tree_leaves(val):
+        if isinstance(item, torch.SymInt | torch.SymFloat | torch.SymBool):
+            raise UnsupportedModel(n.name, "dynamic shapes are not supported; trace static")
+        if isinstance(item, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in item.shape):
+            raise UnsupportedModel(n.name, "dynamic shapes are not supported; trace static")
+
+
+def _recomputable(n: fx.Node) -> bool:
+    """Random ops (no RNG replay), side effects and non-ATen calls are never run twice."""
+    if n.op != "call_function":
+        return False
+    if n.target is operator.getitem:
+        return True
+    if not isinstance(n.target, torch._ops.OpOverload):
+        return False
+    if torch.Tag.nondeterministic_seeded in n.target.tags or n.is_impure():
+        return False
+    return not n.target._schema.is_mutable

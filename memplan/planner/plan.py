@@ -1,0 +1,288 @@
+"""The pipeline on one joint graph (lower, profile, solve, simulate, rewrite) and the Plan.
+
+`Partitioner` is the partition function memplan hands to AOTAutograd; the Python API,
+the .pt2 path and the torch.compile backend all plan through it. A Plan is what a user
+reads before launching a job: predicted peak and time, and the decision per tensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from memplan.errors import InfeasibleBudget, PlanFileError
+from memplan.graph import Budget, Decision, Graph, Schedule, SolveResult
+from memplan.passes.rewrite import rewrite
+from memplan.planner.lower import DEFAULT_OFFLOAD_THRESHOLD, Lowered, lower
+from memplan.planner.profile import ProfileCache, profile_graph
+from memplan.planner.simulate import MemoryTrace, simulate
+from memplan.solvers import SolverOptions, get_solver
+from memplan.solvers.training import build_schedule
+
+PLAN_FORMAT = 1
+# Host link bandwidth assumed when offloading and none is given: PCIe 4.0 x16 in practice.
+DEFAULT_BANDWIDTH = {"cuda": 2.5e10, "cpu": 1.0e10}
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """How to plan: the solver and its options, profiling, and whether to offload."""
+
+    solver: str = "greedy"
+    seed: int = 0
+    time_limit: float = 60.0
+    offload: bool | None = None  # None: offload where the device is not the host
+    bandwidth: float | None = None  # host link bytes/s; None: DEFAULT_BANDWIDTH
+    offload_threshold: int = DEFAULT_OFFLOAD_THRESHOLD
+    measure: bool = True  # profile by running each node; False: roofline estimate
+    progress: bool = True
+
+    def solver_options(self, device: torch.device) -> SolverOptions:
+        offload = self.offload if self.offload is not None else device.type != "cpu"
+        bandwidth = None
+        if offload:
+            bandwidth = self.bandwidth or DEFAULT_BANDWIDTH.get(device.type, 1.0e10)
+        return SolverOptions(seed=self.seed, time_limit=self.time_limit, bandwidth=bandwidth)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A planned training step: what the simulator predicts and the decision per tensor."""
+
+    name: str
+    solver: str
+    status: str
+    device: str
+    budget: int
+    unplanned_peak: int
+    predicted_peak: int
+    unplanned_time: float
+    predicted_time: float
+    solve_seconds: float
+    fingerprint: str
+    decisions: dict[str, str]  # saved tensor name -> keep | recompute | offload
+    tensor_bytes: dict[str, int]
+    timeline: list[int]  # predicted live bytes after each step
+    clock: list[float]  # predicted compute time after each step
+    unplanned_timeline: list[int]
+    unplanned_clock: list[float]
+    backward_start: int
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def overhead(self) -> float:
+        """Predicted step-time increase over the unplanned step, as a fraction."""
+        return self.predicted_time / self.unplanned_time - 1 if self.unplanned_time else 0.0
+
+    def counts(self) -> dict[str, int]:
+        counts = {d.value: 0 for d in Decision}
+        for decision in self.decisions.values():
+            counts[decision] += 1
+        return counts
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": PLAN_FORMAT, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_json(cls, data: object) -> Plan:
+        if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
+            raise PlanFileError("not a memplan plan (missing or unknown 'format')")
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing = sorted(names - data.keys())
+        if missing:
+            raise PlanFileError(f"plan is missing fields: {', '.join(missing)}")
+        plan = cls(**{k: data[k] for k in names})
+        bad = {d for d in plan.decisions.values() if d not in {x.value for x in Decision}}
+        if bad:
+            raise PlanFileError(f"plan has unknown decisions: {', '.join(sorted(bad))}")
+        return plan
+
+    def save(self, path: str | Path) -> None:
+        """Write the plan as JSON atomically: a reader never sees half a file."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        try:
+            with os.fdopen(handle, "w") as out:
+                json.dump(self.to_json(), out)
+            os.replace(temporary, path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise PlanFileError(f"{path}: no such file") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise PlanFileError(f"{path}: not valid JSON ({error})") from None
+        try:
+            return cls.from_json(data)
+        except TypeError as error:
+            raise PlanFileError(f"{path}: malformed plan ({error})") from None
+
+
+def plan_graph(
+    graph: Graph,
+    budget: Budget,
+    options: PlanOptions,
+    *,
+    device: torch.device,
+    fingerprint: str = "",
+    reuse: Plan | None = None,
+) -> tuple[Plan, Schedule]:
+    """Solve the graph for the budget (or re-apply `reuse`'s decisions), checked by the
+    simulator. Raises InfeasibleBudget with the least peak found when nothing fits."""
+    solver_options = options.solver_options(device)
+    bandwidth = solver_options.bandwidth
+    reference = get_solver("keep_all")(graph, 0, solver_options)
+    assert reference.schedule is not None
+    unplanned = simulate(graph, reference.schedule)
+    budget_bytes = budget.resolve(unplanned.peak)
+
+    if reuse is not None:
+        result = _reapply(graph, reuse, solver_options)
+    else:
+        result = get_solver(options.solver)(graph, budget_bytes, solver_options)
+    trace = (
+        None if result.schedule is None else simulate(graph, result.schedule, bandwidth=bandwidth)
+    )
+    if trace is None or trace.peak > budget_bytes:
+        least = get_solver("greedy")(
+            graph, 0, dataclasses.replace(solver_options, minimize_memory=True)
+        )
+        assert least.schedule is not None
+        smallest = simulate(graph, least.schedule, bandwidth=bandwidth).peak
+        raise InfeasibleBudget(
+            budget_bytes, min(smallest, trace.peak if trace else smallest), result.solver
+        )
+    assert result.schedule is not None
+    simulate(graph, result.schedule, bandwidth=bandwidth, budget=budget_bytes)  # the judge
+    plan = _make_plan(graph, result, trace, unplanned, budget_bytes, device, fingerprint, options)
+    return plan, result.schedule
+
+
+def _reapply(graph: Graph, reuse: Plan, options: SolverOptions) -> SolveResult:
+    unknown = [name for name in reuse.decisions if name not in graph.by_name]
+    if unknown:
+        raise PlanFileError(f"plan does not match this model: no tensor named {unknown[0]!r}")
+    decisions = {graph.by_name[k]: Decision(v) for k, v in reuse.decisions.items()}
+    schedule = build_schedule(graph, decisions, bandwidth=options.bandwidth)
+    return SolveResult(
+        solver=reuse.solver,
+        status=reuse.status,
+        schedule=schedule,
+        decisions=decisions,
+        options=reuse.options,
+        message="re-applied from a saved plan",
+    )
+
+
+def _make_plan(
+    graph: Graph,
+    result: SolveResult,
+    trace: MemoryTrace,
+    unplanned: MemoryTrace,
+    budget: int,
+    device: torch.device,
+    fingerprint: str,
+    options: PlanOptions,
+) -> Plan:
+    assert result.schedule is not None
+    decisions = {graph[v].name: d.value for v, d in sorted(result.decisions.items())}
+    return Plan(
+        name=graph.name,
+        solver=result.solver,
+        status=result.status,
+        device=str(device),
+        budget=budget,
+        unplanned_peak=unplanned.peak,
+        predicted_peak=trace.peak,
+        unplanned_time=unplanned.time,
+        predicted_time=trace.time,
+        solve_seconds=result.solve_seconds,
+        fingerprint=fingerprint,
+        decisions=decisions,
+        tensor_bytes={graph[v].name: graph[v].bytes for v in sorted(result.decisions)},
+        timeline=list(trace.live),
+        clock=list(trace.clock),
+        unplanned_timeline=list(unplanned.live),
+        unplanned_clock=list(unplanned.clock),
+        backward_start=result.schedule.split,
+        options={**dataclasses.asdict(options), **result.options},
+    )
+
+
+class Partitioner:
+    """memplan's partition function for AOTAutograd: plans each joint graph it is given
+    and returns the rewritten forward and backward. `plans` collects one Plan per graph."""
+
+    def __init__(
+        self,
+        budget: Budget,
+        options: PlanOptions,
+        *,
+        name: str = "model",
+        reuse: Plan | None = None,
+        cache: ProfileCache | None = None,
+    ) -> None:
+        self.budget = budget
+        self.options = options
+        self.name = name
+        self.reuse = reuse
+        self.cache = cache
+        self.plans: list[Plan] = []
+        self.lowered: list[Lowered] = []
+
+    def __call__(
+        self, joint: fx.GraphModule, joint_inputs: object, *, num_fwd_outputs: int, **_: object
+    ) -> tuple[fx.GraphModule, fx.GraphModule]:
+        joint.graph.eliminate_dead_code()
+        name = self.name if not self.plans else f"{self.name}.{len(self.plans)}"
+        lowered = lower(
+            joint, num_fwd_outputs, name=name, offload_threshold=self.options.offload_threshold
+        )
+        if self.reuse is not None and self.reuse.fingerprint != lowered.fingerprint:
+            raise PlanFileError(
+                f"plan {self.reuse.name!r} was made for another graph "
+                f"(fingerprint {self.reuse.fingerprint}, this model {lowered.fingerprint})"
+            )
+        device = lowered.device
+        times = profile_graph(
+            joint,
+            device=device,
+            measure=self.options.measure,
+            cache=self.cache,
+            progress=self.options.progress,
+        )
+        graph = lowered.graph.replace_times([times.get(n.name, 0.0) for n in lowered.fx_nodes])
+        lowered = dataclasses.replace(lowered, graph=graph)
+        plan, schedule = plan_graph(
+            graph,
+            self.budget,
+            self.options,
+            device=device,
+            fingerprint=lowered.fingerprint,
+            reuse=self.reuse,
+        )
+        stamp = {
+            "solver": plan.solver,
+            "budget": plan.budget,
+            "predicted_peak": plan.predicted_peak,
+            "solve_seconds": plan.solve_seconds,
+        }
+        forward, backward = rewrite(lowered, schedule, stamp=stamp)
+        self.plans.append(plan)
+        self.lowered.append(lowered)
+        return forward, backward

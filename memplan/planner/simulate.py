@@ -1,0 +1,185 @@
+"""The simulator: the single judge of a Schedule's validity, peak memory and step time.
+
+Memory is counted per storage, as the device allocator sees it: a storage is live while
+any node that lives in it (its owner, a view of it) has a device copy. Offloads and
+prefetches run on one copy stream that overlaps compute at a given host link bandwidth.
+No torch here: solvers call it too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memplan.errors import InvalidSchedule
+from memplan.graph import Compute, Free, Graph, NodeKind, Offload, Prefetch, Schedule, Wait
+
+
+@dataclass(frozen=True)
+class MemoryTrace:
+    """What simulating a schedule predicts.
+
+    live[i] and clock[i] are the device bytes and the compute-stream time after step i.
+    """
+
+    peak: int
+    peak_step: int
+    time: float
+    stall: float  # compute-stream time spent waiting on the copy stream
+    live: tuple[int, ...]
+    clock: tuple[float, ...]
+    live_at_peak: frozenset[int]  # nodes with a device copy at the peak step
+    baseline: int  # bytes resident before the first step
+
+
+class _State:
+    """Mutable bookkeeping of one simulation run."""
+
+    def __init__(self, graph: Graph, bandwidth: float | None) -> None:
+        self.graph = graph
+        self.bandwidth = bandwidth or 0.0
+        self.owner = graph.storage_owner
+        self.resident: set[int] = set()  # nodes with a usable device copy
+        self.in_flight: dict[int, float] = {}  # prefetching node -> landing time
+        self.members: dict[int, int] = {}  # storage owner -> live copies in it
+        self.account: dict[int, int] = {}  # storage owner -> bytes it holds now
+        self.host_ready: dict[int, float] = {}  # offloaded node -> time its host copy is whole
+        self.offload_end: dict[int, float] = {}  # device copy busy being read until then
+        self.memory = 0
+        self.now = 0.0
+        self.copy_free = 0.0
+        self.stall = 0.0
+
+    def hold(self, node: int, new_bytes: int) -> None:
+        owner = self.owner[node]
+        if self.members.get(owner, 0) == 0:
+            self.account[owner] = 0
+        self.members[owner] = self.members.get(owner, 0) + 1
+        self.account[owner] += new_bytes
+        self.memory += new_bytes
+
+    def release(self, node: int) -> None:
+        owner = self.owner[node]
+        self.members[owner] -= 1
+        if self.members[owner] == 0:
+            self.memory -= self.account.pop(owner)
+
+    def transfer(self, node: int, ready: float) -> float:
+        """Queue a copy of the node's storage on the copy stream; return when it ends."""
+        start = max(self.copy_free, self.now, ready)
+        self.copy_free = start + self.graph[node].bytes / self.bandwidth
+        return self.copy_free
+
+
+def simulate(
+    graph: Graph,
+    schedule: Schedule,
+    *,
+    bandwidth: float | None = None,
+    budget: int | None = None,
+) -> MemoryTrace:
+    """Run the schedule on the model of the device; raise InvalidSchedule if it is invalid.
+
+    `bandwidth` (bytes/s) is the host link; schedules with transfers need it. With a
+    `budget`, a peak above it is an error too.
+    """
+    state = _State(graph, bandwidth)
+    for v in graph.resident_inputs:
+        state.resident.add(v)
+        state.hold(v, graph[v].bytes if graph[v].alias_of is None else 0)
+    baseline = state.memory
+    peak, peak_step, live_at_peak = baseline, -1, frozenset(state.resident)
+    live: list[int] = []
+    clock: list[float] = []
+
+    for index, step in enumerate(schedule.steps):
+        node = graph[step.node] if 0 <= step.node < len(graph) else None
+        if node is None:
+            raise InvalidSchedule(f"step {index}: unknown node id {step.node}")
+        where = f"step {index} ({type(step).__name__} {node.name})"
+        if isinstance(step, Compute):
+            _compute(state, step.node, where)
+        elif isinstance(step, Free):
+            if step.node not in state.resident:
+                raise InvalidSchedule(f"{where}: frees a node with no device copy")
+            if node.is_resident_input:
+                raise InvalidSchedule(f"{where}: frees a resident input")
+            busy_until = state.offload_end.pop(step.node, 0.0)
+            if busy_until > state.now:  # the copy stream still reads this storage
+                state.stall += busy_until - state.now
+                state.now = busy_until
+            state.resident.discard(step.node)
+            state.release(step.node)
+        elif isinstance(step, Offload):
+            _need_link(bandwidth, where)
+            if step.node not in state.resident or not node.offloadable:
+                raise InvalidSchedule(f"{where}: offloads a node that is absent or not offloadable")
+            end = state.transfer(step.node, state.now)
+            state.host_ready[step.node] = end
+            state.offload_end[step.node] = end
+        elif isinstance(step, Prefetch):
+            _need_link(bandwidth, where)
+            if step.node not in state.host_ready:
+                raise InvalidSchedule(f"{where}: prefetches a node that was never offloaded")
+            if step.node in state.resident or step.node in state.in_flight:
+                raise InvalidSchedule(f"{where}: prefetches a node already on the device")
+            state.in_flight[step.node] = state.transfer(step.node, state.host_ready[step.node])
+            state.hold(step.node, node.bytes)
+        elif isinstance(step, Wait):
+            if step.node not in state.in_flight:
+                raise InvalidSchedule(f"{where}: waits on a node with no prefetch in flight")
+            landed = state.in_flight.pop(step.node)
+            if landed > state.now:
+                state.stall += landed - state.now
+                state.now = landed
+            state.resident.add(step.node)
+        if state.memory > peak:
+            peak, peak_step = state.memory, index
+            live_at_peak = frozenset(state.resident | state.in_flight.keys())
+        live.append(state.memory)
+        clock.append(state.now)
+
+    missing = [graph[v].name for v in graph.outputs if v not in state.resident]
+    if missing:
+        raise InvalidSchedule(f"outputs not on the device at the end: {', '.join(missing[:5])}")
+    if budget is not None and peak > budget:
+        raise InvalidSchedule(f"peak {peak} B at step {peak_step} exceeds the budget of {budget} B")
+    return MemoryTrace(
+        peak=peak,
+        peak_step=peak_step,
+        time=state.now,
+        stall=state.stall,
+        live=tuple(live),
+        clock=tuple(clock),
+        live_at_peak=live_at_peak,
+        baseline=baseline,
+    )
+
+
+def _compute(state: _State, v: int, where: str) -> None:
+    graph = state.graph
+    node = graph[v]
+    if node.is_resident_input:
+        raise InvalidSchedule(f"{where}: computes a resident input")
+    if v in state.resident or v in state.in_flight:
+        raise InvalidSchedule(f"{where}: computes a node whose previous copy is still live")
+    for source in node.inputs:
+        if source not in state.resident:
+            raise InvalidSchedule(f"{where}: input {graph[source].name} is not on the device")
+    if node.carved_from is not None:
+        parent = state.owner[node.carved_from]
+        if node.carved_from not in state.resident:
+            raise InvalidSchedule(f"{where}: carved from {graph[parent].name}, which is absent")
+        taken = min(node.bytes, state.account[parent])
+        state.account[parent] -= taken
+        state.memory -= taken
+        state.hold(v, taken)
+    else:
+        state.hold(v, node.bytes if node.alias_of is None else 0)
+    state.resident.add(v)
+    if node.kind is NodeKind.COMPUTE:
+        state.now += node.time
+
+
+def _need_link(bandwidth: float | None, where: str) -> None:
+    if bandwidth is None or bandwidth <= 0:
+        raise InvalidSchedule(f"{where}: a transfer needs a host link bandwidth")

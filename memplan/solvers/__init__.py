@@ -1,0 +1,50 @@
+"""The solver registry: name -> lazily imported `solve(graph, budget, options) -> SolveResult`.
+
+Every solver is a pure function over memplan.graph; none imports torch. Options are one
+frozen dataclass shared by all solvers; each reads the fields it understands.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from memplan.errors import UnknownSolver
+from memplan.graph import Graph, SolveResult
+
+
+@dataclass(frozen=True)
+class SolverOptions:
+    """Options every solver accepts; the same fields are CLI flags and part of a plan's key."""
+
+    seed: int = 0
+    time_limit: float = 60.0
+    bandwidth: float | None = None  # host link bytes/s; None forbids offloading
+    minimize_memory: bool = False  # ignore the budget and find the least peak
+
+    def to_json(self) -> dict[str, object]:
+        return dict(self.__dict__)
+
+
+Solver = Callable[[Graph, int, SolverOptions], SolveResult]
+
+# name -> "module:function"; imported on first use so optional libraries stay optional.
+REGISTRY: dict[str, str] = {
+    "keep_all": "memplan.solvers.baselines:keep_all",
+    "chen_sqrt": "memplan.solvers.baselines:chen_sqrt",
+    "greedy": "memplan.solvers.greedy:solve",
+}
+
+
+def available() -> list[str]:
+    return sorted(REGISTRY)
+
+
+def get_solver(name: str) -> Solver:
+    """The solve function registered under `name`."""
+    if name not in REGISTRY:
+        raise UnknownSolver(f"unknown solver {name!r}; available: {', '.join(available())}")
+    module_name, function_name = REGISTRY[name].split(":")
+    solver: Solver = getattr(importlib.import_module(module_name), function_name)
+    return solver

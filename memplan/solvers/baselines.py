@@ -1,0 +1,68 @@
+"""Reference solvers: keep everything (the unplanned peak) and Chen et al.'s sqrt(n) segments."""
+
+from __future__ import annotations
+
+import math
+import time
+
+from memplan.graph import Decision, Graph, SolveResult
+from memplan.planner.simulate import simulate
+from memplan.solvers import SolverOptions
+from memplan.solvers.training import build_schedule
+
+
+def keep_all(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
+    """Keep every tensor the backward reads: no recomputation, no offload."""
+    decisions = {v: Decision.KEEP for v in graph.saved_candidates}
+    return _result("keep_all", graph, budget, decisions, time.perf_counter(), options)
+
+
+def chen_sqrt(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
+    """Chen et al. 2016: split the forward into about sqrt(n) segments of equal compute time
+    and keep only the saved tensors at segment ends; the backward recomputes each segment
+    from its checkpoint. Tensors that cannot be recomputed are kept. Ignores the budget."""
+    started = time.perf_counter()
+    candidates = graph.saved_candidates
+    segments = max(1, math.isqrt(len(candidates)))
+    forward = graph.forward_ids
+    # Without profiled times every node counts as one unit of work.
+    weight = {v: graph[v].time for v in forward}
+    if not any(weight.values()):
+        weight = dict.fromkeys(forward, 1.0)
+    forward_time = sum(weight.values()) or 1.0
+    candidate_set = set(candidates)
+    elapsed, next_cut, cut_pending = 0.0, forward_time / segments, False
+    checkpoints: set[int] = set()
+    for v in forward:
+        elapsed += weight[v]
+        cut_pending = cut_pending or elapsed >= next_cut
+        if cut_pending and v in candidate_set:  # the first saved tensor after each cut
+            checkpoints.add(v)
+            cut_pending = False
+            next_cut += forward_time / segments
+    decisions = {
+        v: Decision.KEEP if v in checkpoints or not graph[v].recomputable else Decision.RECOMPUTE
+        for v in candidates
+    }
+    return _result("chen_sqrt", graph, budget, decisions, started, options)
+
+
+def _result(
+    name: str,
+    graph: Graph,
+    budget: int,
+    decisions: dict[int, Decision],
+    started: float,
+    options: SolverOptions,
+) -> SolveResult:
+    schedule = build_schedule(graph, decisions, bandwidth=options.bandwidth)
+    trace = simulate(graph, schedule, bandwidth=options.bandwidth)
+    return SolveResult(
+        solver=name,
+        status="feasible" if trace.peak <= budget else "infeasible",
+        schedule=schedule,
+        objective=trace.time,
+        solve_seconds=time.perf_counter() - started,
+        decisions=decisions,
+        options=options.to_json(),
+    )

@@ -1,0 +1,179 @@
+"""A greedy planner that meets a byte budget by cost per byte saved.
+
+Repeatedly: simulate, look at the storages live at the peak, and for each saved storage
+there estimate the cheapest way to release it between forward and backward: recompute
+(the time of the chain that must run again) or offload (the transfer time that does not
+hide under compute); apply the lowest cost per byte, keep it if the peak did not rise.
+Stops when the peak fits the budget or nothing live at the peak can be released.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+
+from memplan.errors import InvalidSchedule
+from memplan.graph import Decision, Graph, NodeKind, SolveResult
+from memplan.planner.simulate import MemoryTrace, simulate
+from memplan.solvers import SolverOptions
+from memplan.solvers.training import build_schedule, decider
+
+# Storages live at the peak that are scored per round, largest first: bounds the work
+# per round on big graphs, where the largest storages are the ones worth releasing.
+_CANDIDATES_PER_ROUND = 64
+
+
+def solve(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
+    started = time.perf_counter()
+    groups = _saved_storages(graph)
+    window = _hiding_windows(graph) if options.bandwidth else {}
+    decisions: dict[int, Decision] = {v: Decision.KEEP for v in graph.saved_candidates}
+    trace = _evaluate(graph, decisions, options)
+    best_decisions, best_trace = dict(decisions), trace
+    target = 0 if options.minimize_memory else budget
+    tried: set[int] = set()
+    timed_out = False
+    while trace.peak > target:
+        if time.perf_counter() - started > options.time_limit:
+            timed_out = True
+            break
+        move = _cheapest_release(graph, decisions, trace, groups, tried, window, options)
+        if move is None:
+            break
+        owner, changes = move
+        tried.add(owner)
+        proposal = {**decisions, **changes}
+        try:
+            new_trace = _evaluate(graph, proposal, options)
+        except InvalidSchedule:
+            continue
+        if new_trace.peak <= trace.peak:
+            decisions, trace = proposal, new_trace
+            if trace.peak < best_trace.peak:
+                best_decisions, best_trace = dict(decisions), trace
+
+    if not options.minimize_memory and trace.peak <= budget:
+        best_decisions, best_trace = decisions, trace
+    feasible = best_trace.peak <= budget
+    status = "feasible" if feasible else ("timeout" if timed_out else "infeasible")
+    return SolveResult(
+        solver="greedy",
+        status=status,
+        schedule=build_schedule(graph, best_decisions, bandwidth=options.bandwidth),
+        objective=best_trace.time,
+        solve_seconds=time.perf_counter() - started,
+        decisions=best_decisions,
+        options=options.to_json(),
+        message=f"least peak found: {best_trace.peak} B",
+    )
+
+
+def _evaluate(
+    graph: Graph, decisions: Mapping[int, Decision], options: SolverOptions
+) -> MemoryTrace:
+    schedule = build_schedule(graph, decisions, bandwidth=options.bandwidth)
+    return simulate(graph, schedule, bandwidth=options.bandwidth)
+
+
+def _saved_storages(graph: Graph) -> dict[int, list[int]]:
+    """Storage owner -> the saved candidates living in it (a base and its saved views)."""
+    groups: dict[int, list[int]] = {}
+    for v in graph.saved_candidates:
+        owner = graph.storage_owner[v]
+        if graph[owner].kind is NodeKind.COMPUTE and not graph[owner].is_backward:
+            groups.setdefault(owner, []).append(v)
+    return groups
+
+
+def _hiding_windows(graph: Graph) -> dict[int, float]:
+    """Forward node -> compute time from it to the end of the forward plus the whole
+    backward: an upper bound on the time its offload and prefetch can hide under."""
+    backward_time = sum(graph[u].time for u in graph.backward_ids)
+    windows: dict[int, float] = {}
+    remaining = 0.0
+    for v in reversed(graph.forward_ids):
+        remaining += graph[v].time
+        windows[v] = remaining + backward_time
+    return windows
+
+
+def _cheapest_release(
+    graph: Graph,
+    decisions: dict[int, Decision],
+    trace: MemoryTrace,
+    groups: dict[int, list[int]],
+    tried: set[int],
+    window: dict[int, float],
+    options: SolverOptions,
+) -> tuple[int, dict[int, Decision]] | None:
+    """The untried saved storage live at the peak with the least cost per byte, and the
+    decisions that release it."""
+    decision = decider(graph, decisions)
+    live_owners = {graph.storage_owner[v] for v in trace.live_at_peak}
+    owners = sorted(
+        (o for o in live_owners if o in groups and o not in tried),
+        key=lambda o: (-graph[o].bytes, o),
+    )[:_CANDIDATES_PER_ROUND]
+    best: tuple[float, int, dict[int, Decision]] | None = None
+    for owner in owners:
+        kept = [v for v in groups[owner] if decisions.get(v) is Decision.KEEP]
+        size = max(graph[owner].bytes, 1)
+        for cost, changes in _release_options(graph, owner, kept, decision, window, options):
+            score = cost / size
+            if best is None or score < best[0]:
+                best = (score, owner, changes)
+    return None if best is None else (best[1], best[2])
+
+
+def _release_options(
+    graph: Graph,
+    owner: int,
+    kept: list[int],
+    decision: Callable[[int], Decision],
+    window: dict[int, float],
+    options: SolverOptions,
+) -> list[tuple[float, dict[int, Decision]]]:
+    """(estimated added time, decisions) for each way to release the storage of `owner`."""
+    found: list[tuple[float, dict[int, Decision]]] = []
+    recompute = _chain_time(graph, kept, decision)
+    if math.isfinite(recompute):
+        found.append((recompute, dict.fromkeys(kept, Decision.RECOMPUTE)))
+    if options.bandwidth and graph[owner].offloadable:
+        views = [v for v in kept if v != owner]
+        transfer = 2 * graph[owner].bytes / options.bandwidth
+        exposed = max(0.0, transfer - window.get(owner, 0.0))
+        view_time = _chain_time(graph, views, decision, stop_at=owner)
+        if math.isfinite(view_time):
+            changes = dict.fromkeys(views, Decision.RECOMPUTE)
+            changes[owner] = Decision.OFFLOAD
+            found.append((exposed + view_time, changes))
+    return found
+
+
+def _chain_time(
+    graph: Graph,
+    roots: list[int],
+    decision: Callable[[int], Decision],
+    stop_at: int | None = None,
+) -> float:
+    """Time to recompute `roots` and every ancestor that would not be resident in the
+    backward; infinite if the chain needs a node that cannot be recomputed."""
+    seen: set[int] = set()
+    stack = list(roots)
+    total = 0.0
+    while stack:
+        v = stack.pop()
+        if v in seen or v == stop_at:
+            continue
+        seen.add(v)
+        node = graph[v]
+        if node.kind is not NodeKind.COMPUTE:
+            continue
+        if v not in roots and decision(v) is not Decision.RECOMPUTE:
+            continue
+        if not node.recomputable:
+            return math.inf
+        total += node.time
+        stack.extend(node.inputs)
+    return total

@@ -1,0 +1,144 @@
+"""The training formulation: per-tensor decisions (keep, recompute, offload) -> a Schedule.
+
+The forward runs once in order. In the backward, each forward tensor a backward node reads
+is either still resident (keep), recomputed with its chain of missing ancestors just before
+its first use (recompute), or prefetched from its host copy early enough to land before
+that use (offload). Every training solver emits decisions and lets this module build the
+schedule, so that all of them are judged on the same footing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from memplan.errors import InvalidSchedule
+from memplan.graph import (
+    Compute,
+    Decision,
+    Free,
+    Graph,
+    NodeKind,
+    Offload,
+    Prefetch,
+    Schedule,
+    Step,
+    Wait,
+    with_frees,
+)
+
+
+def decider(graph: Graph, decisions: Mapping[int, Decision]) -> Callable[[int], Decision]:
+    """The decision for any forward node. Candidates (forward tensors the backward reads)
+    default to keep; other nodes are dropped after the forward and recomputed if a
+    recompute chain needs them."""
+    candidates = frozenset(graph.saved_candidates)
+
+    def decision(v: int) -> Decision:
+        return decisions.get(v, Decision.KEEP if v in candidates else Decision.RECOMPUTE)
+
+    return decision
+
+
+def build_schedule(
+    graph: Graph,
+    decisions: Mapping[int, Decision],
+    *,
+    bandwidth: float | None = None,
+) -> Schedule:
+    """The schedule that carries out `decisions` (missing entries take default_decision)."""
+    decision = decider(graph, decisions)
+    forward: list[Step] = []
+    for v in graph.forward_ids:
+        forward.append(Compute(v))
+        if decision(v) is Decision.OFFLOAD:
+            if bandwidth is None:
+                raise InvalidSchedule(f"offloading {graph[v].name} needs a host link bandwidth")
+            forward.append(Offload(v))
+
+    available = set(graph.resident_inputs)
+    available.update(v for v in graph.forward_ids if decision(v) is Decision.KEEP)
+    backward: list[Step] = [Compute(t) for t in _tangents(graph)]
+    available.update(_tangents(graph))
+    for u in graph.backward_ids:
+        _materialise(graph, u, decision, available, backward)
+        backward.append(Compute(u))
+        available.add(u)
+
+    if bandwidth is not None:
+        backward = _with_prefetches(graph, backward, bandwidth)
+    steps = with_frees(graph, forward + backward)
+    return Schedule(steps=tuple(steps), backward_start=_split_index(steps, len(forward)))
+
+
+def _tangents(graph: Graph) -> list[int]:
+    return [n.id for n in graph if n.kind is NodeKind.TANGENT]
+
+
+def _materialise(
+    graph: Graph,
+    target: int,
+    decision: Callable[[int], Decision],
+    available: set[int],
+    out: list[Step],
+) -> None:
+    """Append the steps that bring every input of `target` onto the device.
+
+    An iterative post-order walk: a node is emitted once all of its own inputs are
+    available, so recompute chains come out in topological order.
+    """
+    stack: list[tuple[int, bool]] = [(s, False) for s in reversed(graph[target].inputs)]
+    while stack:
+        v, inputs_done = stack.pop()
+        if v in available:
+            continue
+        choice = decision(v)
+        if choice is Decision.OFFLOAD:
+            out.append(Wait(v))
+            available.add(v)
+        elif inputs_done:
+            out.append(Compute(v))
+            available.add(v)
+        else:
+            node = graph[v]
+            if node.is_backward or node.kind is not NodeKind.COMPUTE:
+                raise InvalidSchedule(f"{node.name} is needed before it can be computed")
+            if not node.recomputable:
+                raise InvalidSchedule(
+                    f"{node.name} must be kept or offloaded: {node.op} cannot be recomputed"
+                )
+            stack.append((v, True))
+            stack.extend((s, False) for s in reversed(node.inputs) if s not in available)
+
+
+def _with_prefetches(graph: Graph, backward: list[Step], bandwidth: float) -> list[Step]:
+    """Issue each prefetch early enough that its transfer hides under the compute before
+    its Wait: walk back over that compute until it covers bytes / bandwidth."""
+    issue_before: dict[int, list[int]] = {}
+    for index, step in enumerate(backward):
+        if not isinstance(step, Wait):
+            continue
+        need = graph[step.node].bytes / bandwidth
+        position = index
+        while position > 0 and need > 0:
+            position -= 1
+            previous = backward[position]
+            if isinstance(previous, Compute):
+                need -= graph[previous.node].time
+        issue_before.setdefault(position, []).append(step.node)
+    out: list[Step] = []
+    for index, step in enumerate(backward):
+        out.extend(Prefetch(v) for v in issue_before.get(index, ()))
+        out.append(step)
+    return out
+
+
+def _split_index(steps: list[Step], forward_len: int) -> int:
+    """Index of the first backward step: after the forward's steps and the Frees they cause."""
+    seen = 0
+    for index, step in enumerate(steps):
+        if isinstance(step, Free):
+            continue
+        if seen == forward_len:
+            return index
+        seen += 1
+    return len(steps)

@@ -1,0 +1,176 @@
+"""Small models with random weights for tests, the demo and benchmarks.
+
+Each builder returns a module whose forward returns the training loss, and example inputs
+for it. Transformers models come from configs (nothing is downloaded); dropout is off so
+that planned and eager gradients can be compared exactly.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+
+@dataclass
+class Example:
+    """A model that returns its loss, and inputs for one training step."""
+
+    name: str
+    model: nn.Module
+    inputs: tuple[torch.Tensor, ...]
+
+
+class LossOf(nn.Module):
+    """Wraps a transformers model called with keywords so that forward(*inputs) -> loss."""
+
+    def __init__(self, model: nn.Module, input_names: tuple[str, ...]) -> None:
+        super().__init__()
+        self.model = model
+        self.input_names = input_names
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.model(**dict(zip(self.input_names, inputs, strict=True))).loss
+
+
+class MLP(nn.Module):
+    def __init__(self, width: int = 256, depth: int = 4) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        for _ in range(depth):
+            layers += [nn.Linear(width, width), nn.GELU()]
+        self.body = nn.Sequential(*layers)
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(self.head(self.body(x)), target)
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(x + self.bn2(self.conv2(y)))
+
+
+class CNN(nn.Module):
+    def __init__(self, channels: int = 16, blocks: int = 3) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels), nn.ReLU()
+        )
+        self.blocks = nn.Sequential(*(ResidualBlock(channels) for _ in range(blocks)))
+        self.head = nn.Linear(channels, 10)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        features = self.blocks(self.stem(x)).mean(dim=(2, 3))
+        return nn.functional.cross_entropy(self.head(features), target)
+
+
+def mlp(batch: int = 1024) -> Example:
+    torch.manual_seed(0)
+    x, target = torch.randn(batch, 256), torch.randint(0, 10, (batch,))
+    return Example("mlp", MLP(), (x, target))
+
+
+def cnn(batch: int = 8) -> Example:
+    torch.manual_seed(0)
+    x, target = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+    return Example("cnn", CNN(), (x, target))
+
+
+def _transformers() -> Any:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import transformers
+
+    return transformers
+
+
+def gpt2(batch: int = 4, seq: int = 64, layers: int = 2, width: int = 128) -> Example:
+    tf = _transformers()
+    torch.manual_seed(0)
+    config = tf.GPT2Config(
+        vocab_size=512,
+        n_positions=seq,
+        n_embd=width,
+        n_layer=layers,
+        n_head=4,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    ids = torch.randint(0, config.vocab_size, (batch, seq))
+    model = LossOf(tf.GPT2LMHeadModel(config), ("input_ids", "labels"))
+    return Example("gpt2", model, (ids, ids.clone()))
+
+
+def bert(batch: int = 4, seq: int = 64) -> Example:
+    tf = _transformers()
+    torch.manual_seed(0)
+    config = tf.BertConfig(
+        vocab_size=512,
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=256,
+        max_position_embeddings=seq,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    ids = torch.randint(0, config.vocab_size, (batch, seq))
+    model = LossOf(tf.BertForMaskedLM(config), ("input_ids", "labels"))
+    return Example("bert", model, (ids, ids.clone()))
+
+
+def vit(batch: int = 4) -> Example:
+    tf = _transformers()
+    torch.manual_seed(0)
+    config = tf.ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=256,
+        num_labels=10,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    pixels, labels = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+    model = LossOf(tf.ViTForImageClassification(config), ("pixel_values", "labels"))
+    return Example("vit", model, (pixels, labels))
+
+
+def resnet(batch: int = 4) -> Example:
+    tf = _transformers()
+    torch.manual_seed(0)
+    config = tf.ResNetConfig(
+        embedding_size=16,
+        hidden_sizes=[16, 32, 64],
+        depths=[1, 1, 1],
+        layer_type="basic",
+        num_labels=10,
+    )
+    pixels, labels = torch.randn(batch, 3, 64, 64), torch.randint(0, 10, (batch,))
+    model = LossOf(tf.ResNetForImageClassification(config), ("pixel_values", "labels"))
+    return Example("resnet", model, (pixels, labels))
+
+
+ZOO: dict[str, Callable[[], Example]] = {
+    "mlp": mlp,
+    "cnn": cnn,
+    "gpt2": gpt2,
+    "bert": bert,
+    "vit": vit,
+    "resnet": resnet,
+}
