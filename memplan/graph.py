@@ -136,9 +136,14 @@ class Graph:
 
     @cached_property
     def saved_candidates(self) -> tuple[int, ...]:
-        """Forward compute nodes that some backward node reads: what a planner decides on."""
+        """Forward compute nodes that some backward node reads: what a planner decides on.
+
+        Graph outputs are not candidates: they stay resident through the step anyway."""
+        outputs = set(self.outputs)
         return tuple(
-            v for v in self.forward_ids if any(self.nodes[u].is_backward for u in self.users[v])
+            v
+            for v in self.forward_ids
+            if v not in outputs and any(self.nodes[u].is_backward for u in self.users[v])
         )
 
     @property

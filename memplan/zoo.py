@@ -38,7 +38,7 @@ class LossOf(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, width: int = 256, depth: int = 4) -> None:
+    def __init__(self, width: int = 256, depth: int = 8) -> None:
         super().__init__()
         layers: list[nn.Module] = []
         for _ in range(depth):
@@ -77,7 +77,7 @@ class CNN(nn.Module):
         return nn.functional.cross_entropy(self.head(features), target)
 
 
-def mlp(batch: int = 1024) -> Example:
+def mlp(batch: int = 512) -> Example:
     torch.manual_seed(0)
     x, target = torch.randn(batch, 256), torch.randint(0, 10, (batch,))
     return Example("mlp", MLP(), (x, target))

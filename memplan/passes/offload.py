@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from memplan.planner.measure import mark_host
+from memplan.planner.measure import host_allocations
 
 # host tensor or prefetched tensor -> the event its copy recorded on the copy stream
 _copy_done = WeakIdKeyDictionary()
@@ -27,9 +27,8 @@ def _copy_stream(device: torch.device) -> torch.cuda.Stream:
 def offload(tensor: torch.Tensor) -> torch.Tensor:
     """Start a device-to-host copy; returns the host tensor (valid once the copy is done)."""
     if tensor.device.type != "cuda":
-        host = tensor.detach().clone()
-        mark_host(host)
-        return host
+        with host_allocations():  # a host copy is not device memory, even on CPU
+            return tensor.detach().clone()
     stream = _copy_stream(tensor.device)
     host = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=True)
     stream.wait_stream(torch.cuda.current_stream(tensor.device))

@@ -17,6 +17,7 @@ import torch.utils._pytree as pytree
 
 from memplan.graph import Compute, Free, NodeKind, Offload, Prefetch, Schedule, Step, Wait
 from memplan.passes import offload as offload_ops
+from memplan.passes.substitutes import SUBSTITUTES, substitute
 from memplan.planner.lower import Lowered
 
 
@@ -88,11 +89,14 @@ def _handed_over(
     graph = lowered.graph
     needed: dict[tuple[str, int], fx.Node] = {}
     made: set[int] = set()
+    ids = {n: i for i, n in enumerate(lowered.fx_nodes)}
     for step in steps:
         if isinstance(step, Compute):
-            for source in graph[step.node].inputs:
+            _, args, kwargs = _call(lowered.fx_nodes[step.node], graph[step.node].is_backward)
+            for source_node in _input_nodes(args, kwargs):
+                source = ids[source_node]
                 if source not in made and graph[source].kind is not NodeKind.TANGENT:
-                    needed.setdefault(("value", source), fw_values[lowered.fx_nodes[source]])
+                    needed.setdefault(("value", source), fw_values[source_node])
             made.add(step.node)
         elif isinstance(step, Prefetch):
             needed.setdefault(("host", step.node), host_copies[step.node])
@@ -127,9 +131,10 @@ def _backward_graph(
         if isinstance(step, Compute):
             if graph[step.node].kind is NodeKind.TANGENT:
                 continue
-            recompute = not graph[step.node].is_backward
-            name = f"recompute_{joint_node.name}" if recompute else None
-            values[joint_node] = _copy(bw, joint_node, values, name=name)
+            if graph[step.node].is_backward:
+                values[joint_node] = _copy(bw, joint_node, values)
+            else:
+                values[joint_node] = _recompute(bw, joint_node, values)
         elif isinstance(step, Prefetch):
             in_transit[step.node] = bw.create_node(
                 "call_function",
@@ -149,22 +154,45 @@ def _backward_graph(
     return bw, values
 
 
-def _copy(
-    target: fx.Graph,
-    node: fx.Node,
-    values: dict[fx.Node, fx.Node],
-    name: str | None = None,
-) -> fx.Node:
+def _copy(target: fx.Graph, node: fx.Node, values: dict[fx.Node, fx.Node]) -> fx.Node:
     """Copy a joint node into `target`, reading its inputs from `values`."""
     copied = target.create_node(
         node.op,
         node.target,
         fx.map_arg(node.args, values.__getitem__),
         fx.map_arg(node.kwargs, values.__getitem__),
-        name=name or node.name,
+        name=node.name,
     )
     copied.meta = dict(node.meta)
     return copied
+
+
+def _recompute(target: fx.Graph, node: fx.Node, values: dict[fx.Node, fx.Node]) -> fx.Node:
+    """A `recompute_*` copy of a forward node, through its substitute if it has one."""
+    function, args, kwargs = _call(node, is_backward=False)
+    copied = target.create_node(
+        node.op,
+        function,
+        fx.map_arg(args, values.__getitem__),
+        fx.map_arg(kwargs, values.__getitem__),
+        name=f"recompute_{node.name}",
+    )
+    copied.meta = dict(node.meta)
+    return copied
+
+
+def _call(node: fx.Node, is_backward: bool) -> tuple[Any, Any, Any]:
+    """(target, args, kwargs) of the node as the backward runs it: a recomputation of a
+    forward node goes through its substitute, if it has one."""
+    if not is_backward and node.target in SUBSTITUTES:
+        return substitute(node, node.args, dict(node.kwargs))
+    return node.target, node.args, node.kwargs
+
+
+def _input_nodes(args: Any, kwargs: Any) -> list[fx.Node]:
+    found: list[fx.Node] = []
+    fx.map_arg((args, kwargs), found.append)
+    return found
 
 
 def _lookup(values: dict[fx.Node, fx.Node], item: Any) -> Any:

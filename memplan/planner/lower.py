@@ -19,6 +19,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from memplan.errors import UnsupportedModel
 from memplan.graph import Graph, Node, NodeKind
+from memplan.passes.substitutes import has_substitute
 
 # Below this size an offload costs more in launch and bookkeeping than it saves.
 DEFAULT_OFFLOAD_THRESHOLD = 64 * 1024
@@ -70,9 +71,9 @@ def lower(
     forward = _ancestors([o for o in outputs[:num_fwd_outputs] if isinstance(o, fx.Node)])
     # The outputs of a forward op are extracted in the forward even if only the backward
     # reads them: a tuple cannot be handed to the backward.
-    forward |= {
-        n for n in fx_nodes if n.target is operator.getitem and n.args[0] in forward
-    }
+    forward |= {n for n in fx_nodes if n.target is operator.getitem and n.args[0] in forward}
+
+    mutated = _mutated_inputs(joint)
 
     owner_of_storage: dict[StorageWeakRef, int] = {}
     nodes: list[Node] = []
@@ -106,7 +107,7 @@ def lower(
                 is_backward=n.op == "call_function" and n not in forward,
                 alias_of=alias_of,
                 carved_from=carved_from,
-                recomputable=_recomputable(n),
+                recomputable=_recomputable(n, mutated),
                 offloadable=isinstance(val, torch.Tensor)
                 and alias_of is None
                 and nbytes >= offload_threshold,
@@ -163,9 +164,23 @@ def _check_static(n: fx.Node, val: object) -> None:
             raise UnsupportedModel(n.name, "dynamic shapes are not supported; trace static")
 
 
-def _recomputable(n: fx.Node) -> bool:
-    """Random ops (no RNG replay), side effects and non-ATen calls are never run twice."""
+def _mutated_inputs(joint: fx.GraphModule) -> set[fx.Node]:
+    """Placeholders the step mutates, from AOTAutograd's output descriptors."""
+    output = next(iter(joint.graph.find_nodes(op="output")))
+    targets = [
+        d.mutated_input
+        for d in output.meta.get("desc") or ()
+        if type(d).__name__ == "InputMutationAOTOutput"
+    ]
+    return {n for n in joint.graph.find_nodes(op="placeholder") if n.meta.get("desc") in targets}
+
+
+def _recomputable(n: fx.Node, mutated: set[fx.Node]) -> bool:
+    """Random ops (no RNG replay), side effects and non-ATen calls are never run twice, nor
+    ops that read an input the step mutates, unless a substitute avoids reading it."""
     if n.op != "call_function":
+        return False
+    if any(a in mutated for a in n.all_input_nodes) and not has_substitute(n):
         return False
     if n.target is operator.getitem:
         return True

@@ -50,6 +50,8 @@ def solve(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
             continue
         if new_trace.peak <= trace.peak:
             decisions, trace = proposal, new_trace
+            # What raised the peak before may not now: the peak has moved.
+            tried = {o for o in tried if any(decisions.get(v) is not Decision.KEEP for v in groups[o])}
             if trace.peak < best_trace.peak:
                 best_decisions, best_trace = dict(decisions), trace
 

@@ -55,19 +55,35 @@ def build_schedule(
                 raise InvalidSchedule(f"offloading {graph[v].name} needs a host link bandwidth")
             forward.append(Offload(v))
 
-    available = set(graph.resident_inputs)
+    available = set(graph.resident_inputs) | set(graph.outputs)
     available.update(v for v in graph.forward_ids if decision(v) is Decision.KEEP)
     backward: list[Step] = [Compute(t) for t in _tangents(graph)]
     available.update(_tangents(graph))
-    for u in graph.backward_ids:
+    # Backward nodes that read no gradient (views and transposes of saved tensors) are run
+    # on demand, as the autograd engine would, so they do not extend lifetimes.
+    for u in _gradient_driven(graph):
         _materialise(graph, u, decision, available, backward)
         backward.append(Compute(u))
         available.add(u)
+    for out in graph.outputs:
+        if out not in available:
+            _materialise(graph, out, decision, available, backward)
+            backward.append(Compute(out))
+            available.add(out)
 
     if bandwidth is not None:
         backward = _with_prefetches(graph, backward, bandwidth)
     steps = with_frees(graph, forward + backward)
     return Schedule(steps=tuple(steps), backward_start=_split_index(steps, len(forward)))
+
+
+def _gradient_driven(graph: Graph) -> list[int]:
+    """Backward nodes with a tangent among their ancestors, in order."""
+    driven = set(_tangents(graph))
+    for u in graph.backward_ids:
+        if any(s in driven for s in graph[u].inputs):
+            driven.add(u)
+    return [u for u in graph.backward_ids if u in driven]
 
 
 def _tangents(graph: Graph) -> list[int]:
@@ -100,9 +116,9 @@ def _materialise(
             available.add(v)
         else:
             node = graph[v]
-            if node.is_backward or node.kind is not NodeKind.COMPUTE:
+            if node.kind is not NodeKind.COMPUTE:
                 raise InvalidSchedule(f"{node.name} is needed before it can be computed")
-            if not node.recomputable:
+            if not node.recomputable and not node.is_backward:
                 raise InvalidSchedule(
                     f"{node.name} must be kept or offloaded: {node.op} cannot be recomputed"
                 )

@@ -1,0 +1,265 @@
+"""The real peak memory and wall time of one training step, read three ways.
+
+The figures the simulator's predictions are checked against (see docs: Measurement).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+# Storages memplan's offload op put in host memory. Weak, so marking never extends a life.
+_HOST_STORAGES: weakref.WeakSet[torch.UntypedStorage] = weakref.WeakSet()
+# Live trackers, so that marking a storage host-resident after it was counted uncounts it.
+_TRACKERS: weakref.WeakSet[LiveStorageTracker] = weakref.WeakSet()
+
+
+# Per thread: only the thread making an offload's copy is inside `host_allocations()`.
+_host_scope = threading.local()
+
+
+@contextlib.contextmanager
+def host_allocations() -> Iterator[None]:
+    """Storages ops return inside this block are host memory (an offload's copy).
+
+    Unlike `mark_host` afterwards, the copy never enters a tracker's peak on the way.
+    """
+    _host_scope.depth = getattr(_host_scope, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _host_scope.depth -= 1
+
+
+def mark_host(t: torch.Tensor) -> None:
+    """Record that `t`'s storage is host memory (an offloaded copy): trackers do not count it."""
+    storage = t.untyped_storage()
+    _HOST_STORAGES.add(storage)
+    for tracker in list(_TRACKERS):
+        tracker.forget(storage)
+
+
+class LiveStorageTracker(TorchDispatchMode):
+    """Bytes of live storages on `device`: the resident ones plus every new one an op returns.
+
+    `current` drops when a storage dies (a weakref callback: torch keeps a storage's Python
+    object alive as long as the storage, so the callback fires exactly at the free). It
+    counts op outputs only; scratch buffers a kernel allocates and frees inside itself are
+    invisible here, which the "allocator" method does see.
+    """
+
+    def __init__(
+        self,
+        resident: Iterable[torch.Tensor] = (),
+        cap_bytes: int | None = None,
+        *,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__()
+        self.device = torch.device(device)
+        self.cap_bytes = cap_bytes
+        self.current = 0
+        self.peak = 0
+        # Keyed by id(storage): stable while the storage lives, and the callback drops the
+        # entry before the id can be reused.
+        self._live: dict[int, tuple[weakref.ref[torch.UntypedStorage], int]] = {}
+        # Callbacks run on whichever thread drops the last reference (autograd's device
+        # threads too), possibly while this thread is inside `_track`: hence re-entrant.
+        self._lock = threading.RLock()
+        for t in _dense_tensors(resident):
+            self._track(t.untyped_storage())
+        self._check_cap("the resident tensors")
+        _TRACKERS.add(self)
+
+    def __torch_dispatch__(
+        self,
+        func: torch._ops.OpOverload,
+        types: Sequence[type],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        # An output sharing an input's storage (a view, an in-place op) allocated nothing,
+        # even when that input predates the tracker and was never counted.
+        inputs = {id(t.untyped_storage()) for t in _dense_tensors((args, kwargs))}
+        counted = False
+        for t in _dense_tensors(out):
+            storage = t.untyped_storage()
+            if id(storage) not in inputs:
+                counted |= self._track(storage)
+        if counted:
+            self._check_cap(str(func))
+        return out
+
+    def forget(self, storage: torch.UntypedStorage) -> None:
+        """Stop counting `storage` (it turned out to be host memory)."""
+        with self._lock:
+            # Dropping the weakref also drops its callback, so the free is not subtracted twice.
+            entry = self._live.pop(id(storage), None)
+            if entry is not None:
+                self.current -= entry[1]
+
+    def _track(self, storage: torch.UntypedStorage) -> bool:
+        """Count `storage` if it is new, on the tracked device and not host memory."""
+        if getattr(_host_scope, "depth", 0):
+            _HOST_STORAGES.add(storage)
+        if not _on(storage.device, self.device) or storage in _HOST_STORAGES:
+            return False
+        with self._lock:
+            key = id(storage)
+            if key in self._live:
+                return False
+            nbytes = storage.nbytes()
+            self._live[key] = (weakref.ref(storage, partial(self._release, key)), nbytes)
+            self.current += nbytes
+            self.peak = max(self.peak, self.current)
+        return True
+
+    def _release(self, key: int, _ref: weakref.ref[torch.UntypedStorage]) -> None:
+        with self._lock:
+            entry = self._live.pop(key, None)
+            if entry is not None:
+                self.current -= entry[1]
+
+    def _check_cap(self, what: str) -> None:
+        if self.cap_bytes is not None and self.current > self.cap_bytes:
+            raise torch.OutOfMemoryError(
+                f"memplan tracker: {what} raised live {self.device.type} memory to "
+                f"{self.current} B, above the cap of {self.cap_bytes} B"
+            )
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Peak device bytes of one step (absolute), its wall time, and how the peak was read."""
+
+    peak_bytes: int
+    seconds: float
+    method: str
+
+
+def measure_peak(
+    step: Callable[[], object],
+    *,
+    resident: Sequence[torch.Tensor],
+    device: torch.device,
+    method: str = "auto",
+) -> Measurement:
+    """Run `step()` once and read its peak memory with `method`.
+
+    - "cuda": `max_memory_allocated` after a reset: everything the caching allocator hands
+      out on the device, resident tensors and kernel workspaces included.
+    - "tracker": a LiveStorageTracker: resident storages plus op outputs. Compiled code
+      run inside it falls back to eager, so use it only for graphs memplan runs eagerly.
+    - "allocator": the profiler's allocation events summed in time order: the peak above
+      the starting level, which sees kernel scratch buffers and compiled code, plus the
+      resident storages.
+    "auto" is "cuda" on a CUDA device and "tracker" elsewhere.
+    """
+    device = torch.device(device)
+    if method == "auto":
+        method = "cuda" if device.type == "cuda" else "tracker"
+    if method not in _METHODS:
+        raise ValueError(f"unknown measure method {method!r}; expected one of {sorted(_METHODS)}")
+    peak, seconds = _METHODS[method](step, resident, device)
+    return Measurement(peak_bytes=peak, seconds=seconds, method=method)
+
+
+def median_step_seconds(
+    step: Callable[[], object],
+    *,
+    device: torch.device,
+    repeats: int = 5,
+    warmup: int = 2,
+) -> float:
+    """Median wall time of `repeats` runs of `step()` after `warmup` unrecorded ones."""
+    device = torch.device(device)
+    for _ in range(warmup):
+        step()
+    return statistics.median(_timed(step, device) for _ in range(repeats))
+
+
+def _measure_cuda(
+    step: Callable[[], object], resident: Sequence[torch.Tensor], device: torch.device
+) -> tuple[int, float]:
+    if device.type != "cuda":
+        raise ValueError(f"measure method 'cuda' needs a CUDA device, got {device}")
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    seconds = _timed(step, device)
+    return torch.cuda.max_memory_allocated(device), seconds
+
+
+def _measure_tracker(
+    step: Callable[[], object], resident: Sequence[torch.Tensor], device: torch.device
+) -> tuple[int, float]:
+    tracker = LiveStorageTracker(resident, device=device)
+    with tracker:
+        seconds = _timed(step, device)
+    return tracker.peak, seconds
+
+
+def _measure_allocator(
+    step: Callable[[], object], resident: Sequence[torch.Tensor], device: torch.device
+) -> tuple[int, float]:
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
+        seconds = _timed(step, device)
+    # `prof.events()` folds an allocation into the op that made it and keeps only the
+    # frees outside any op; the raw kineto events keep every one, each with signed bytes,
+    # but not in time order.
+    events = [
+        e
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == "[memory]"
+        and e.device_type().name == device.type.upper()
+        and device.index in (None, e.device_index())
+    ]
+    level = peak = 0
+    for event in sorted(events, key=lambda e: e.start_ns()):
+        level += event.nbytes()
+        peak = max(peak, level)
+    baseline = LiveStorageTracker(resident, device=device).current
+    return baseline + peak, seconds
+
+
+# A method runs the step once and returns (peak bytes, wall seconds).
+_Method = Callable[[Callable[[], object], Sequence[torch.Tensor], torch.device], tuple[int, float]]
+_METHODS: dict[str, _Method] = {
+    "cuda": _measure_cuda,
+    "tracker": _measure_tracker,
+    "allocator": _measure_allocator,
+}
+
+
+def _timed(step: Callable[[], object], device: torch.device) -> float:
+    """Wall seconds of one `step()`, waiting for queued device work on CUDA."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def _on(actual: torch.device, tracked: torch.device) -> bool:
+    return actual.type == tracked.type and tracked.index in (None, actual.index)
+
+
+def _dense_tensors(tree: object) -> list[torch.Tensor]:
+    # Sparse and other non-strided layouts have no single storage; memplan's graphs are dense.
+    return [
+        x for x in tree_leaves(tree) if isinstance(x, torch.Tensor) and x.layout is torch.strided
+    ]

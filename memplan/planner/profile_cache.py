@@ -1,0 +1,99 @@
+"""Measured op times kept on disk, keyed by op, argument signature and device.
+
+Shared by every graph: a transformer's layers, and the next run's graph, hit the same keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from torch import fx
+
+from memplan import config
+
+CACHE_FILE = "profile-v1.json"
+
+
+class ProfileCache:
+    """Seconds per `node_key`, read from `path` on first use and rewritten whole on update.
+
+    A missing or corrupt file reads as empty: the cache is only ever a shortcut.
+    """
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path if path is not None else config.cache_dir() / CACHE_FILE
+        self._entries: dict[str, float] | None = None
+
+    def get(self, key: str) -> float | None:
+        return self._load().get(key)
+
+    def update(self, seconds: Mapping[str, float]) -> None:
+        """Add `seconds` and write the file atomically, so no reader sees half of it."""
+        entries = self._load()
+        entries.update(seconds)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(entries, f, sort_keys=True)
+            os.replace(tmp, self.path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+
+    def _load(self) -> dict[str, float]:
+        if self._entries is None:
+            self._entries = _read(self.path)
+        return self._entries
+
+
+def node_key(node: fx.Node, device: torch.device) -> str:
+    """sha256 of the node's op, its arguments' shapes, dtypes and strides, and the device."""
+    args = fx.node.map_arg((node.args, node.kwargs), lambda n: _signature(n.meta.get("val")))
+    text = f"{_target_name(node.target)}|{args!r}|{device.type}|{device_name(device)}"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def device_name(device: torch.device) -> str:
+    """What a time measured on `device` depends on: the GPU model, or the CPU and its threads."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "cpu":
+        return f"{platform.processor() or platform.machine()} x{torch.get_num_threads()}"
+    return device.type
+
+
+def _read(path: Path) -> dict[str, float]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {
+        k: float(v)
+        for k, v in data.items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+
+
+def _signature(val: object) -> object:
+    if isinstance(val, torch.Tensor):
+        return ("tensor", tuple(val.shape), val.dtype, val.stride())
+    if isinstance(val, list | tuple):
+        return tuple(_signature(v) for v in val)
+    return val
+
+
+def _target_name(target: object) -> str:
+    # Not repr(): a plain function's repr holds its address, which changes every run.
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)
+    return f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', target)}"

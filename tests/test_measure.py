@@ -1,0 +1,168 @@
+"""The measured peak and time of a step: the tracker, the allocator reading, and timing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from memplan.planner.measure import (
+    LiveStorageTracker,
+    Measurement,
+    host_allocations,
+    mark_host,
+    measure_peak,
+    median_step_seconds,
+)
+
+CPU = torch.device("cpu")
+F32 = 4  # bytes per float32
+
+
+def test_tracker_counts_a_new_storage_by_its_bytes():
+    with LiveStorageTracker() as tracker:
+        t = torch.empty(1000, dtype=torch.float32)
+        assert tracker.current == 1000 * F32
+    del t
+
+
+def test_a_view_adds_nothing_and_keeps_its_base_alive():
+    with LiveStorageTracker() as tracker:
+        t = torch.empty(1000)
+        v = t[10:].view(10, 99)
+        assert tracker.current == 4000
+        del t
+        assert tracker.current == 4000  # the view still holds the storage
+        del v
+        assert tracker.current == 0
+
+
+def test_in_place_ops_and_untracked_inputs_allocate_nothing():
+    before = torch.zeros(100)  # made before the tracker, not declared resident
+    with LiveStorageTracker() as tracker:
+        before.add_(1)
+        before.t_()
+        assert tracker.current == 0
+
+
+def test_peak_of_a_known_sequence():
+    # a: 4000 -> +b 2000: 6000 -> -a: 2000 -> +c 8000: 10000 (peak) -> -b: 8000
+    with LiveStorageTracker() as tracker:
+        a = torch.empty(1000)
+        b = torch.empty(500)
+        del a
+        c = torch.empty(2000)
+        del b
+        assert (tracker.current, tracker.peak) == (8000, 10000)
+    del c
+    assert tracker.current == 0  # frees after the block still count down
+
+
+def test_resident_storages_are_the_baseline_counted_once():
+    p, q = torch.empty(1000), torch.empty(100)
+    # p's view shares p's storage: 4000 + 400
+    tracker = LiveStorageTracker([p, p.view(10, 100), q])
+    assert (tracker.current, tracker.peak) == (4400, 4400)
+    with tracker:
+        r = p * 2  # +4000
+    assert (tracker.current, tracker.peak) == (8400, 8400)
+    del r
+
+
+def test_host_storages_are_not_device_memory():
+    with LiveStorageTracker() as tracker:
+        kept = torch.empty(1000)
+        counted = torch.empty(500)
+        mark_host(counted)  # marked after it was counted: uncounted
+        assert tracker.current == 4000
+        with host_allocations():
+            host = kept.detach().clone()  # never counted, so never in the peak
+        assert (tracker.current, tracker.peak) == (4000, 6000)
+        again = host + 0  # a host storage's use is not itself host memory
+        assert tracker.current == 8000
+    del counted, host, again
+
+
+def test_other_devices_are_ignored():
+    with LiveStorageTracker(device="cpu") as tracker:
+        m = torch.empty(1000, device="meta")
+        assert tracker.current == 0
+    del m
+
+
+def test_cap_raises_out_of_memory():
+    # 4000 B fits a 5000 B cap; the second 4000 B does not
+    with LiveStorageTracker(cap_bytes=5000), pytest.raises(torch.OutOfMemoryError, match="5000"):
+        a = torch.empty(1000)
+        b = torch.empty(1000)
+        del a, b
+
+
+a64 = torch.randn(64, 64)  # 64 * 64 * 4 = 16384 B
+
+
+def _matmuls() -> torch.Tensor:
+    x = a64 @ a64
+    y = x @ a64
+    del x
+    z = y @ a64
+    return z.sum()
+
+
+# resident a 16384 + x + y = 49152; x freed, z takes its place; then the sum's 4 B while
+# y and z live: 16384 * 3 + 4
+MATMULS_PEAK = 16384 * 3 + 4
+
+
+@pytest.mark.parametrize("method", ["tracker", "allocator"])
+def test_measure_peak_of_known_matmuls(method):
+    m = measure_peak(_matmuls, resident=[a64], device=CPU, method=method)
+    assert m == Measurement(peak_bytes=MATMULS_PEAK, seconds=m.seconds, method=method)
+    assert m.seconds > 0
+
+
+def test_auto_is_the_tracker_on_cpu():
+    assert measure_peak(_matmuls, resident=[a64], device=CPU).method == "tracker"
+
+
+def test_tracker_and_allocator_agree_on_a_training_step():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8))
+    x = torch.randn(32, 64)
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        model(x).sum().backward()
+
+    resident = [x, *model.parameters()]
+    tracked = measure_peak(step, resident=resident, device=CPU, method="tracker")
+    allocated = measure_peak(step, resident=resident, device=CPU, method="allocator")
+    assert tracked.peak_bytes == allocated.peak_bytes
+
+
+def test_the_allocator_also_sees_kernel_scratch():
+    # The CPU convolution unfolds its input into a scratch buffer inside the kernel: an
+    # allocation no op returns, so the tracker cannot see it and reads a lower peak.
+    x, w = torch.randn(2, 3, 64, 64), torch.randn(8, 3, 3, 3)
+
+    def conv() -> torch.Tensor:
+        return torch.nn.functional.conv2d(x, w)
+
+    tracked = measure_peak(conv, resident=[x, w], device=CPU, method="tracker")
+    allocated = measure_peak(conv, resident=[x, w], device=CPU, method="allocator")
+    output = 2 * 8 * 62 * 62 * F32
+    assert tracked.peak_bytes == x.nbytes + w.nbytes + output
+    assert allocated.peak_bytes > tracked.peak_bytes
+
+
+def test_bad_methods_are_refused():
+    with pytest.raises(ValueError, match="unknown measure method"):
+        measure_peak(_matmuls, resident=[], device=CPU, method="psychic")
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        measure_peak(_matmuls, resident=[], device=CPU, method="cuda")
+
+
+def test_median_step_seconds_runs_warmup_and_repeats():
+    calls = []
+    seconds = median_step_seconds(lambda: calls.append(_matmuls()), device=CPU, repeats=3, warmup=2)
+    assert len(calls) == 5
+    assert seconds > 0

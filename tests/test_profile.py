@@ -1,0 +1,143 @@
+"""Per-node times of fx graphs: measured, roofline, and the on-disk cache."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import operator
+
+import pytest
+import torch
+from torch import fx
+from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from memplan import config
+from memplan.planner import profile
+from memplan.planner.profile import DeviceSpec, ProfileCache, device_spec, profile_graph
+
+CPU = torch.device("cpu")
+FAST = {"device": CPU, "repeats": 2, "warmup": 1, "progress": False}
+
+
+@pytest.fixture(scope="module")
+def joint() -> fx.GraphModule:
+    """The forward+backward graph of a small MLP; layer_norm's tuple output gives getitems."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.ReLU(), torch.nn.Linear(32, 4)
+    )
+    with contextlib.ExitStack() as stack:
+        return aot_export_joint_with_descriptors(stack, model, (torch.randn(8, 16),)).graph_module
+
+
+def _tensor_work(gm: fx.GraphModule) -> list[fx.Node]:
+    return [
+        n for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem
+    ]
+
+
+@pytest.fixture
+def measures(monkeypatch) -> list[int]:
+    """Counts measuring passes over whole graphs."""
+    calls: list[int] = []
+    real = profile._measure
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(profile, "_measure", counted)
+    return calls
+
+
+@pytest.mark.parametrize("measure", [True, False])
+def test_every_op_gets_a_time_and_the_rest_zero(joint, measure):
+    times = profile_graph(joint, measure=measure, **FAST)
+    assert set(times) == {n.name for n in joint.graph.nodes}
+    work = _tensor_work(joint)
+    assert any(n.target is operator.getitem for n in joint.graph.nodes)
+    assert all(times[n.name] > 0 for n in work)
+    assert all(times[n.name] == 0.0 for n in joint.graph.nodes if n not in work)
+
+
+def test_roofline_of_a_matmul_is_compute_bound():
+    gm = make_fx(torch.mm, tracing_mode="fake")(torch.randn(512, 512), torch.randn(512, 512))
+    (mm,) = _tensor_work(gm)
+    spec = device_spec(CPU)
+    # 2 * 512^3 FLOPs at 5e10 FLOP/s beats 3 * 1 MiB at 1e10 B/s
+    expected = 2 * 512**3 / spec.peak_flops + spec.launch_overhead
+    assert profile_graph(gm, device=CPU, measure=False)[mm.name] == pytest.approx(expected)
+
+
+def test_a_views_roofline_is_its_launch_overhead():
+    gm = make_fx(lambda x: x.view(-1), tracing_mode="fake")(torch.randn(1024, 1024))
+    (view,) = _tensor_work(gm)
+    assert profile.roofline_seconds(view, device_spec(CPU)) == device_spec(CPU).launch_overhead
+
+
+def test_symbolic_shapes_run_and_size_queries_cost_nothing():
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.view(x.shape[0], -1) * 2
+
+    gm = make_fx(f, tracing_mode="symbolic")(torch.randn(4, 3, 2))
+    times = profile_graph(gm, **FAST)
+    sizes = [n for n in gm.graph.nodes if n.target is torch.ops.aten.sym_size.int]
+    assert sizes
+    assert all(times[n.name] == 0.0 for n in sizes)
+    assert all(times[n.name] > 0 for n in gm.graph.nodes if n.target is torch.ops.aten.mul.Tensor)
+
+
+def test_a_node_that_fails_gets_a_roofline_and_the_rest_still_run(tmp_path):
+    gm = make_fx(lambda x: (x + 1) * 2, tracing_mode="fake")(torch.randn(64))
+    add = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.add.Tensor)
+
+    def unrunnable(*args: object) -> torch.Tensor:
+        raise RuntimeError("no kernel for this device")
+
+    add.target = unrunnable  # keeps add's meta["val"], from which its output is made up
+    cache = ProfileCache(tmp_path / "p.json")
+    times = profile_graph(gm, cache=cache, **FAST)
+    assert times[add.name] == profile.roofline_seconds(add, device_spec(CPU))
+    assert len(json.loads(cache.path.read_text())) == 1  # the mul; rooflines are not cached
+
+
+def test_a_warm_cache_measures_nothing(joint, tmp_path, measures):
+    first = profile_graph(joint, cache=ProfileCache(tmp_path / "p.json"), **FAST)
+    second = profile_graph(joint, cache=ProfileCache(tmp_path / "p.json"), **FAST)
+    assert len(measures) == 1
+    assert second == first  # times are pooled per key, so a cached run returns the same
+
+
+def test_without_a_cache_every_call_measures(joint, measures):
+    profile_graph(joint, **FAST)
+    profile_graph(joint, device=CPU, repeats=1, warmup=0)  # the bar, off: stdout is captured
+    assert len(measures) == 2
+
+
+def test_a_corrupt_cache_file_is_replaced(joint, tmp_path, measures):
+    path = tmp_path / "p.json"
+    path.write_text('{"half a')
+    profile_graph(joint, cache=ProfileCache(path), **FAST)
+    assert len(measures) == 1
+    entries = json.loads(path.read_text())
+    assert entries and all(isinstance(s, float) for s in entries.values())
+
+
+def test_the_cache_lands_in_memplan_cache_dir(joint, tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMPLAN_CACHE_DIR", str(tmp_path / "cache"))
+    profile_graph(joint, cache=ProfileCache(), **FAST)
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["profile-v1.json"]
+
+
+def test_cache_dir_defaults_to_the_users_cache(tmp_path, monkeypatch):
+    monkeypatch.delenv("MEMPLAN_CACHE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert config.cache_dir() == tmp_path / ".cache" / "memplan"
+
+
+def test_gpu_specs_come_from_the_name_table(monkeypatch):
+    monkeypatch.setattr(profile, "device_name", lambda device: "NVIDIA H100 80GB HBM3")
+    assert device_spec(torch.device("cuda")).bandwidth == 3.35e12
+    monkeypatch.setattr(profile, "device_name", lambda device: "NVIDIA GeForce GTX 1060")
+    assert device_spec(torch.device("cuda")) == DeviceSpec(1e13, 3e11, 5e-6)
