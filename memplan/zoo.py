@@ -96,7 +96,7 @@ def _transformers() -> Any:
     return transformers
 
 
-def gpt2(batch: int = 4, seq: int = 64, layers: int = 2, width: int = 128) -> Example:
+def gpt2(batch: int = 8, seq: int = 128, layers: int = 4, width: int = 64) -> Example:
     tf = _transformers()
     torch.manual_seed(0)
     config = tf.GPT2Config(
@@ -114,13 +114,13 @@ def gpt2(batch: int = 4, seq: int = 64, layers: int = 2, width: int = 128) -> Ex
     return Example("gpt2", model, (ids, ids.clone()))
 
 
-def bert(batch: int = 4, seq: int = 64) -> Example:
+def bert(batch: int = 8, seq: int = 128) -> Example:
     tf = _transformers()
     torch.manual_seed(0)
     config = tf.BertConfig(
         vocab_size=512,
-        hidden_size=128,
-        num_hidden_layers=2,
+        hidden_size=64,
+        num_hidden_layers=4,
         num_attention_heads=4,
         intermediate_size=256,
         max_position_embeddings=seq,
@@ -132,14 +132,14 @@ def bert(batch: int = 4, seq: int = 64) -> Example:
     return Example("bert", model, (ids, ids.clone()))
 
 
-def vit(batch: int = 4) -> Example:
+def vit(batch: int = 16) -> Example:
     tf = _transformers()
     torch.manual_seed(0)
     config = tf.ViTConfig(
         image_size=32,
-        patch_size=8,
-        hidden_size=128,
-        num_hidden_layers=2,
+        patch_size=4,
+        hidden_size=64,
+        num_hidden_layers=4,
         num_attention_heads=4,
         intermediate_size=256,
         num_labels=10,
@@ -151,7 +151,7 @@ def vit(batch: int = 4) -> Example:
     return Example("vit", model, (pixels, labels))
 
 
-def resnet(batch: int = 4) -> Example:
+def resnet(batch: int = 8) -> Example:
     tf = _transformers()
     torch.manual_seed(0)
     config = tf.ResNetConfig(

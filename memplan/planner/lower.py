@@ -96,6 +96,10 @@ def lower(
                     carved_from = ids[parent]
         else:
             nbytes = _fresh_bytes(val, owner_of_storage)
+            # A tuple of views (split, unbind) keeps the storage they view alive.
+            aliased = _aliased_owners(val, owner_of_storage)
+            if nbytes == 0 and aliased:
+                alias_of = aliased[0]
         nodes.append(
             Node(
                 id=i,
@@ -156,6 +160,17 @@ def _fresh_bytes(val: object, owner_of_storage: dict[StorageWeakRef, int]) -> in
     return total
 
 
+def _aliased_owners(val: object, owner_of_storage: dict[StorageWeakRef, int]) -> list[int]:
+    """Owners of the existing storages a multi-output op's outputs view."""
+    owners = [
+        owner_of_storage[StorageWeakRef(item.untyped_storage())]
+        for item in pytree.tree_leaves(val)
+        if isinstance(item, torch.Tensor)
+        and StorageWeakRef(item.untyped_storage()) in owner_of_storage
+    ]
+    return list(dict.fromkeys(owners))
+
+
 def _check_static(n: fx.Node, val: object) -> None:
     for item in pytree.tree_leaves(val):
         if isinstance(item, torch.SymInt | torch.SymFloat | torch.SymBool):
@@ -182,10 +197,23 @@ def _recomputable(n: fx.Node, mutated: set[fx.Node]) -> bool:
         return False
     if any(a in mutated for a in n.all_input_nodes) and not has_substitute(n):
         return False
-    if n.target is operator.getitem:
-        return True
+    if n.target is operator.getitem:  # runs again only with its producer
+        parent = n.args[0]
+        return isinstance(parent, fx.Node) and _recomputable(parent, mutated)
     if not isinstance(n.target, torch._ops.OpOverload):
         return False
-    if torch.Tag.nondeterministic_seeded in n.target.tags or n.is_impure():
+    if torch.Tag.nondeterministic_seeded in n.target.tags and not _without_dropout(n):
         return False
-    return not n.target._schema.is_mutable
+    return not n.is_impure() and not n.target._schema.is_mutable
+
+
+def _without_dropout(n: fx.Node) -> bool:
+    """A seeded op whose dropout probability is 0 draws no random numbers."""
+    assert isinstance(n.target, torch._ops.OpOverload)
+    for index, argument in enumerate(n.target._schema.arguments):
+        if argument.name in ("dropout_p", "p"):
+            value = n.args[index] if index < len(n.args) else n.kwargs.get(argument.name)
+            if value is None:
+                value = argument.default_value
+            return value == 0
+    return False

@@ -173,8 +173,12 @@ def _compute(state: _State, v: int, where: str) -> None:
         state.account[parent] -= taken
         state.memory -= taken
         state.hold(v, taken)
+    elif node.alias_of is not None:
+        if state.members.get(state.owner[v], 0) == 0:
+            raise InvalidSchedule(f"{where}: views storage of {graph[state.owner[v]].name}, freed")
+        state.hold(v, 0)
     else:
-        state.hold(v, node.bytes if node.alias_of is None else 0)
+        state.hold(v, node.bytes)
     state.resident.add(v)
     if node.kind is NodeKind.COMPUTE:
         state.now += node.time

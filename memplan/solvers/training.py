@@ -29,12 +29,16 @@ from memplan.graph import (
 
 def decider(graph: Graph, decisions: Mapping[int, Decision]) -> Callable[[int], Decision]:
     """The decision for any forward node. Candidates (forward tensors the backward reads)
-    default to keep; other nodes are dropped after the forward and recomputed if a
-    recompute chain needs them."""
+    and nodes that cannot be recomputed default to keep; other nodes are dropped after the
+    forward and recomputed if a recompute chain needs them."""
     candidates = frozenset(graph.saved_candidates)
 
     def decision(v: int) -> Decision:
-        return decisions.get(v, Decision.KEEP if v in candidates else Decision.RECOMPUTE)
+        if v in decisions:
+            return decisions[v]
+        if v in candidates or not graph[v].recomputable:
+            return Decision.KEEP
+        return Decision.RECOMPUTE
 
     return decision
 

@@ -1,0 +1,163 @@
+"""Human-readable views of a Plan: rich tables for the terminal and a memory-timeline plot."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from rich.table import Table
+
+from memplan.graph import Decision, format_bytes
+from memplan.planner.plan import Plan
+
+MIB = 2**20
+_STYLE = {Decision.KEEP: "green", Decision.RECOMPUTE: "yellow", Decision.OFFLOAD: "cyan"}
+
+
+def format_seconds(seconds: float) -> str:
+    """0.0123 -> '12.30 ms'."""
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.1f} µs"
+
+
+def summary_table(plan: Plan) -> Table:
+    """Budget, peaks, times and decision counts of one plan, one row each."""
+    table = Table(title=f"memplan: {plan.name}", show_header=False, title_justify="left")
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    share = plan.predicted_peak / plan.unplanned_peak if plan.unplanned_peak else 0.0
+    counts = plan.counts()
+    table.add_row("device", plan.device)
+    table.add_row("budget", format_bytes(plan.budget))
+    table.add_row("unplanned peak", format_bytes(plan.unplanned_peak))
+    table.add_row(
+        "predicted peak", f"{format_bytes(plan.predicted_peak)} ({share:.1%} of unplanned)"
+    )
+    table.add_row("unplanned time", format_seconds(plan.unplanned_time))
+    table.add_row(
+        "predicted time", f"{format_seconds(plan.predicted_time)} ({plan.overhead:+.1%} overhead)"
+    )
+    table.add_row("solver", plan.solver)
+    table.add_row("status", plan.status)
+    table.add_row("solve time", format_seconds(plan.solve_seconds))
+    table.add_row("decisions", ", ".join(f"{n} {d}" for d, n in counts.items()))
+    return table
+
+
+def decision_table(plan: Plan, top: int | None = None) -> Table:
+    """One row per saved tensor, largest first; `top` keeps only the first rows."""
+    rows = sorted(plan.decisions.items(), key=lambda kv: (-plan.tensor_bytes.get(kv[0], 0), kv[0]))
+    shown = rows if top is None else rows[: max(top, 0)]
+    table = Table(title="saved tensors", title_justify="left")
+    table.add_column("tensor")
+    table.add_column("bytes", justify="right")
+    table.add_column("decision")
+    for name, decision in shown:
+        size = format_bytes(plan.tensor_bytes.get(name, 0))
+        style = _STYLE[Decision(decision)]
+        table.add_row(name, size, f"[{style}]{decision}[/]")
+    if len(shown) < len(rows):
+        table.caption = f"{len(rows) - len(shown)} more not shown"
+    return table
+
+
+def plot_timeline(
+    plans_or_plan: Plan | Sequence[Plan], path: str | Path, *, measured_peak: int | None = None
+) -> None:
+    """Write a PNG of predicted live MiB over predicted compute time, unplanned vs planned.
+
+    With several plans (of one model), the unplanned step of the first is drawn once and
+    each plan gets its own curve, budget line and backward-start line. `measured_peak` is
+    the first plan's measured peak, drawn as a marker at its predicted peak's time.
+    """
+    plans = [plans_or_plan] if isinstance(plans_or_plan, Plan) else list(plans_or_plan)
+    if not plans:
+        raise ValueError("plot_timeline needs at least one plan")
+    # A graph profiled with no times has an all-zero clock: fall back to step indices.
+    use_clock = all(_has_clock(p.clock, p.timeline) for p in plans)
+    use_clock = use_clock and _has_clock(plans[0].unplanned_clock, plans[0].unplanned_timeline)
+    figure = Figure(figsize=(9, 4.5), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+
+    first = plans[0]
+    xs = _xs(first.unplanned_clock, len(first.unplanned_timeline), use_clock)
+    axes.plot(
+        xs,
+        [b / MIB for b in first.unplanned_timeline],
+        drawstyle="steps-post",
+        color="0.55",
+        label=f"unplanned (peak {format_bytes(first.unplanned_peak)})",
+    )
+    for index, plan in enumerate(plans):
+        color = f"C{index}"
+        xs = _xs(plan.clock, len(plan.timeline), use_clock)
+        label = f"{plan.solver} (peak {format_bytes(plan.predicted_peak)})"
+        axes.plot(
+            xs, [b / MIB for b in plan.timeline], drawstyle="steps-post", color=color, label=label
+        )
+        axes.axhline(
+            plan.budget / MIB,
+            color=color,
+            linestyle="--",
+            linewidth=1,
+            label=f"budget {format_bytes(plan.budget)}",
+        )
+        if 0 < plan.backward_start <= len(xs):
+            axes.axvline(
+                xs[plan.backward_start - 1],
+                color=color,
+                linestyle=":",
+                linewidth=1,
+                label="backward starts" if index == 0 else None,
+            )
+        if index == 0 and measured_peak is not None and plan.timeline:
+            at = xs[max(range(len(plan.timeline)), key=plan.timeline.__getitem__)]
+            axes.plot(
+                [at],
+                [measured_peak / MIB],
+                marker="x",
+                markersize=10,
+                linestyle="none",
+                color="black",
+                label=f"measured peak {format_bytes(measured_peak)}",
+            )
+
+    axes.set_xlabel("predicted compute time (ms)" if use_clock else "step")
+    axes.set_ylabel("live device memory (MiB)")
+    names = dict.fromkeys(p.name for p in plans)
+    axes.set_title(f"memory timeline: {', '.join(names)}")
+    axes.set_ylim(bottom=0)
+    axes.grid(alpha=0.3)
+    axes.legend(loc="best", fontsize="small")
+    _save_atomically(figure, Path(path))
+
+
+def _has_clock(clock: Sequence[float], timeline: Sequence[int]) -> bool:
+    return len(clock) == len(timeline) and any(clock)
+
+
+def _xs(clock: Sequence[float], steps: int, use_clock: bool) -> list[float]:
+    """x of each step's end: milliseconds of predicted compute, or the step number."""
+    if use_clock:
+        return [t * 1e3 for t in clock]
+    return [float(i + 1) for i in range(steps)]
+
+
+def _save_atomically(figure: Figure, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            figure.savefig(out, format="png", dpi=120)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
