@@ -38,7 +38,7 @@ class LossOf(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, width: int = 256, depth: int = 8) -> None:
+    def __init__(self, width: int = 128, depth: int = 8) -> None:
         super().__init__()
         layers: list[nn.Module] = []
         for _ in range(depth):
@@ -77,9 +77,9 @@ class CNN(nn.Module):
         return nn.functional.cross_entropy(self.head(features), target)
 
 
-def mlp(batch: int = 512) -> Example:
+def mlp(batch: int = 2048) -> Example:
     torch.manual_seed(0)
-    x, target = torch.randn(batch, 256), torch.randint(0, 10, (batch,))
+    x, target = torch.randn(batch, 128), torch.randint(0, 10, (batch,))
     return Example("mlp", MLP(), (x, target))
 
 
@@ -151,13 +151,13 @@ def vit(batch: int = 16) -> Example:
     return Example("vit", model, (pixels, labels))
 
 
-def resnet(batch: int = 8) -> Example:
+def resnet(batch: int = 16) -> Example:
     tf = _transformers()
     torch.manual_seed(0)
     config = tf.ResNetConfig(
-        embedding_size=16,
-        hidden_sizes=[16, 32, 64],
-        depths=[1, 1, 1],
+        embedding_size=8,
+        hidden_sizes=[32, 48, 64],
+        depths=[3, 2, 1],
         layer_type="basic",
         num_labels=10,
     )

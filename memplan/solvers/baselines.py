@@ -18,10 +18,15 @@ def keep_all(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
 
 
 def chen_sqrt(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
-    """Chen et al. 2016: split the forward into about sqrt(n) segments of equal compute time
-    and keep only the saved tensors at segment ends; the backward recomputes each segment
-    from its checkpoint. Tensors that cannot be recomputed are kept. Ignores the budget."""
+    """Chen et al. 2016's sqrt(n) checkpoints (see sqrt_decisions). Ignores the budget."""
     started = time.perf_counter()
+    return _result("chen_sqrt", graph, budget, sqrt_decisions(graph), started, options)
+
+
+def sqrt_decisions(graph: Graph) -> dict[int, Decision]:
+    """Split the forward into about sqrt(n) segments of equal compute time and keep only
+    the saved tensors at segment ends; the backward recomputes each segment from its
+    checkpoint. Tensors that cannot be recomputed are kept."""
     candidates = graph.saved_candidates
     segments = max(1, math.isqrt(len(candidates)))
     forward = graph.forward_ids
@@ -40,11 +45,10 @@ def chen_sqrt(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
             checkpoints.add(v)
             cut_pending = False
             next_cut += forward_time / segments
-    decisions = {
+    return {
         v: Decision.KEEP if v in checkpoints or not graph[v].recomputable else Decision.RECOMPUTE
         for v in candidates
     }
-    return _result("chen_sqrt", graph, budget, decisions, started, options)
 
 
 def _result(

@@ -12,11 +12,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from memplan.errors import InvalidSchedule
 from memplan.graph import Decision, Graph, NodeKind, SolveResult
 from memplan.planner.simulate import MemoryTrace, simulate
 from memplan.solvers import SolverOptions
+from memplan.solvers.baselines import sqrt_decisions
 from memplan.solvers.training import build_schedule, decider
 
 # Storages live at the peak that are scored per round, largest first: bounds the work
@@ -25,18 +27,59 @@ _CANDIDATES_PER_ROUND = 64
 
 
 def solve(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
+    """Descend from two starting points, keep-all and Chen's sqrt(n) checkpoints, and
+    return the fastest schedule within the budget (or the least peak, when minimizing or
+    when neither fits)."""
     started = time.perf_counter()
+    deadline = started + options.time_limit
+    target = 0 if options.minimize_memory else budget
+    starts = [{v: Decision.KEEP for v in graph.saved_candidates}, sqrt_decisions(graph)]
+    runs = [_descend(graph, start, target, deadline, options) for start in starts]
+    fitting = [r for r in runs if r.trace.peak <= budget and not options.minimize_memory]
+    if fitting:
+        chosen = min(fitting, key=lambda r: (r.trace.time, r.trace.peak))
+    else:
+        chosen = min(runs, key=lambda r: (r.trace.peak, r.trace.time))
+    timed_out = any(r.timed_out for r in runs)
+    status = "feasible" if chosen.trace.peak <= budget else "timeout" if timed_out else "infeasible"
+    return SolveResult(
+        solver="greedy",
+        status=status,
+        schedule=build_schedule(graph, chosen.decisions, bandwidth=options.bandwidth),
+        objective=chosen.trace.time,
+        solve_seconds=time.perf_counter() - started,
+        decisions=chosen.decisions,
+        options=options.to_json(),
+        message=f"least peak found: {min(r.trace.peak for r in runs)} B",
+    )
+
+
+@dataclass
+class _Run:
+    """Where one descent ended: the first state within the target, else its least peak."""
+
+    decisions: dict[int, Decision]
+    trace: MemoryTrace
+    timed_out: bool
+
+
+def _descend(
+    graph: Graph,
+    start: dict[int, Decision],
+    target: int,
+    deadline: float,
+    options: SolverOptions,
+) -> _Run:
+    """Release the cheapest storage live at the peak until the peak is within `target`."""
     groups = _saved_storages(graph)
     window = _hiding_windows(graph) if options.bandwidth else {}
-    decisions: dict[int, Decision] = {v: Decision.KEEP for v in graph.saved_candidates}
+    decisions = dict(start)
     trace = _evaluate(graph, decisions, options)
-    best_decisions, best_trace = dict(decisions), trace
-    target = 0 if options.minimize_memory else budget
+    best = _Run(dict(decisions), trace, timed_out=False)
     tried: set[int] = set()
-    timed_out = False
     while trace.peak > target:
-        if time.perf_counter() - started > options.time_limit:
-            timed_out = True
+        if time.perf_counter() > deadline:
+            best.timed_out = True
             break
         move = _cheapest_release(graph, decisions, trace, groups, tried, window, options)
         if move is None:
@@ -50,25 +93,15 @@ def solve(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
             continue
         if new_trace.peak <= trace.peak:
             decisions, trace = proposal, new_trace
-            # What raised the peak before may not now: the peak has moved.
-            tried = {o for o in tried if any(decisions.get(v) is not Decision.KEEP for v in groups[o])}
-            if trace.peak < best_trace.peak:
-                best_decisions, best_trace = dict(decisions), trace
+            # A release that raised the peak before may not now: the peak has moved.
+            tried = {o for o in tried if not _all_kept(groups[o], decisions)}
+            if trace.peak < best.trace.peak:
+                best = _Run(dict(decisions), trace, timed_out=False)
+    return best
 
-    if not options.minimize_memory and trace.peak <= budget:
-        best_decisions, best_trace = decisions, trace
-    feasible = best_trace.peak <= budget
-    status = "feasible" if feasible else ("timeout" if timed_out else "infeasible")
-    return SolveResult(
-        solver="greedy",
-        status=status,
-        schedule=build_schedule(graph, best_decisions, bandwidth=options.bandwidth),
-        objective=best_trace.time,
-        solve_seconds=time.perf_counter() - started,
-        decisions=best_decisions,
-        options=options.to_json(),
-        message=f"least peak found: {best_trace.peak} B",
-    )
+
+def _all_kept(members: list[int], decisions: dict[int, Decision]) -> bool:
+    return all(decisions.get(v) is Decision.KEEP for v in members)
 
 
 def _evaluate(
