@@ -1,18 +1,29 @@
-"""memplan: plan training memory in PyTorch: keep, recompute or offload each activation."""
+"""memplan: plan training memory in PyTorch: keep, recompute or offload each activation.
 
-from memplan.api import PlannedModule, optimize, plan
-from memplan.backend import backend
+The torch-facing API is imported on first use, so that the IR, the simulator and the
+solvers (memplan.graph, memplan.planner.simulate, memplan.solvers) load without torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from memplan.errors import InfeasibleBudget, MemplanError
 from memplan.graph import Budget
-from memplan.planner.plan import Plan
 
-__all__ = [
-    "Budget",
-    "InfeasibleBudget",
-    "MemplanError",
-    "Plan",
-    "PlannedModule",
-    "backend",
-    "optimize",
-    "plan",
-]
+_LAZY = {
+    "optimize": "memplan.api",
+    "plan": "memplan.api",
+    "PlannedModule": "memplan.api",
+    "backend": "memplan.backend",
+    "Plan": "memplan.planner.plan",
+}
+
+__all__ = ["Budget", "InfeasibleBudget", "MemplanError", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'memplan' has no attribute {name!r}")

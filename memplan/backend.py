@@ -3,7 +3,8 @@
 `torch.compile(model, backend="memplan")` finds `memplan_backend` by name through the
 torch_dynamo_backends entry point (options={"budget": "60%", "solver": ...} reach it);
 `torch.compile(model, backend=memplan.backend(budget="60%"))` builds one explicitly. Each
-graph Dynamo hands over (one per graph break) is planned on its own against the budget.
+graph Dynamo hands over (one per graph break) is planned on its own against the budget;
+a graph that cannot meet it is planned for its smallest feasible peak, with a warning.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class MemplanBackend:
         if inner not in INNER_COMPILERS:
             raise MemplanError(f"inner compiler must be one of {INNER_COMPILERS}, got {inner!r}")
         self.budget = Budget.parse(budget)
-        self.options = PlanOptions(solver=solver, **options)
+        self.options = PlanOptions(solver=solver, **{"best_effort": True, **options})
         self.inner = _eager if inner == "eager" else _inductor
         self.plans: list[Plan] = []
 

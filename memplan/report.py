@@ -9,6 +9,7 @@ from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from rich.markup import escape
 from rich.table import Table
 
 from memplan.graph import Decision, format_bytes
@@ -29,7 +30,7 @@ def format_seconds(seconds: float) -> str:
 
 def summary_table(plan: Plan) -> Table:
     """Budget, peaks, times and decision counts of one plan, one row each."""
-    table = Table(title=f"memplan: {plan.name}", show_header=False, title_justify="left")
+    table = Table(title=f"memplan: {escape(plan.name)}", show_header=False, title_justify="left")
     table.add_column("what", style="bold")
     table.add_column("value")
     share = plan.predicted_peak / plan.unplanned_peak if plan.unplanned_peak else 0.0
@@ -62,7 +63,7 @@ def decision_table(plan: Plan, top: int | None = None) -> Table:
     for name, decision in shown:
         size = format_bytes(plan.tensor_bytes.get(name, 0))
         style = _STYLE[Decision(decision)]
-        table.add_row(name, size, f"[{style}]{decision}[/]")
+        table.add_row(escape(name), size, f"[{style}]{decision}[/]")
     if len(shown) < len(rows):
         table.caption = f"{len(rows) - len(shown)} more not shown"
     return table

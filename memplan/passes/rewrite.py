@@ -73,6 +73,8 @@ def _forward_graph(
                 (values[joint_node],),
                 name=f"offload_{joint_node.name}",
             )
+            if "val" in joint_node.meta:
+                host_copies[step.node].meta["val"] = joint_node.meta["val"].to("cpu")
         elif not isinstance(step, Free):
             raise ValueError(f"a {type(step).__name__} step cannot run in the forward")
     return fw, values, host_copies

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from torch._functorch.aot_autograd import (
 )
 
 from memplan.errors import ModelFileError, UnsupportedModel
+
+_FORCE_WEIGHTS_ONLY = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"  # read by torch.load on each call
 
 # AOTAutograd's partition hook: (joint_module, joint_inputs, *, num_fwd_outputs, ...) -> (fw, bw)
 PartitionFn = Callable[..., tuple[torch.fx.GraphModule, torch.fx.GraphModule]]
@@ -77,7 +80,11 @@ def load_exported(path: str | Path) -> torch.export.ExportedProgram:
     if not zipfile.is_zipfile(io.BytesIO(data)):
         raise ModelFileError(f"{path}: not a torch.export .pt2 archive (not a zip file)")
     try:
-        return torch.export.load(io.BytesIO(data))
+        # torch.export.load unpickles with weights_only=False where an archive's config says
+        # so, and retries sample inputs that way; forcing weights_only keeps a crafted .pt2
+        # from running code.
+        with _weights_only_loads():
+            return torch.export.load(io.BytesIO(data))
     except Exception as error:  # any failure inside the archive means a corrupt file
         raise ModelFileError(
             f"{path}: cannot load the exported program: {_first_line(error)}"
@@ -92,8 +99,25 @@ def exported_module(program: torch.export.ExportedProgram) -> tuple[nn.Module, t
     if kwargs:
         raise ModelFileError("the .pt2 program takes keyword inputs; export with positional args")
     module = program.module()
-    module.train()
+    # ExportedProgram.module() overrides .train()/.eval() to raise NotImplementedError: how
+    # dropout and batch norm behave is fixed in the graph at export time. nn.Module.train
+    # still sets the flag compile_training_step checks.
+    nn.Module.train(module, True)
     return module, tuple(args)
+
+
+@contextlib.contextmanager
+def _weights_only_loads() -> Iterator[None]:
+    """Make every torch.load inside use weights_only=True, whatever its caller passes."""
+    previous = os.environ.get(_FORCE_WEIGHTS_ONLY)
+    os.environ[_FORCE_WEIGHTS_ONLY] = "1"
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ[_FORCE_WEIGHTS_ONLY]
+        else:
+            os.environ[_FORCE_WEIGHTS_ONLY] = previous
 
 
 def _first_line(error: BaseException) -> str:

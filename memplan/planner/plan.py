@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from memplan.errors import InfeasibleBudget, PlanFileError
-from memplan.graph import Budget, Decision, Graph, Schedule, SolveResult
+from memplan.errors import InfeasibleBudget, MemplanError, PlanFileError
+from memplan.graph import Budget, Decision, Graph, Schedule, SolveResult, format_bytes
 from memplan.passes.rewrite import rewrite
 from memplan.planner.lower import DEFAULT_OFFLOAD_THRESHOLD, Lowered, lower
 from memplan.planner.profile import ProfileCache, profile_graph
@@ -44,6 +45,10 @@ class PlanOptions:
     offload_threshold: int = DEFAULT_OFFLOAD_THRESHOLD
     measure: bool = True  # profile by running each node; False: roofline estimate
     progress: bool = True
+    # When no schedule fits: plan for the smallest feasible peak with a warning (the
+    # torch.compile default, where each graph of a graph break is planned on its own)
+    # instead of raising InfeasibleBudget.
+    best_effort: bool = False
 
     def solver_options(self, device: torch.device) -> SolverOptions:
         offload = self.offload if self.offload is not None else device.type != "cpu"
@@ -163,10 +168,23 @@ def plan_graph(
             graph, 0, dataclasses.replace(solver_options, minimize_memory=True)
         )
         assert least.schedule is not None
-        smallest = simulate(graph, least.schedule, bandwidth=bandwidth).peak
-        raise InfeasibleBudget(
-            budget_bytes, min(smallest, trace.peak if trace else smallest), result.solver
+        least_trace = simulate(graph, least.schedule, bandwidth=bandwidth)
+        if trace is not None and trace.peak <= least_trace.peak:
+            least, least_trace = result, trace
+        if least_trace.peak <= budget_bytes:
+            raise MemplanError(
+                f"solver {result.solver!r} found no schedule within {format_bytes(budget_bytes)}"
+                f"; 'greedy' reaches {format_bytes(least_trace.peak)}"
+            )
+        if not options.best_effort:
+            raise InfeasibleBudget(budget_bytes, least_trace.peak, result.solver)
+        warnings.warn(
+            f"{graph.name}: budget {format_bytes(budget_bytes)} is infeasible; planned for "
+            f"its smallest feasible peak {format_bytes(least_trace.peak)} instead",
+            stacklevel=2,
         )
+        result = dataclasses.replace(least, status="best-effort")
+        trace, budget_bytes = least_trace, least_trace.peak
     assert result.schedule is not None
     simulate(graph, result.schedule, bandwidth=bandwidth, budget=budget_bytes)  # the judge
     plan = _make_plan(graph, result, trace, unplanned, budget_bytes, device, fingerprint, options)

@@ -77,7 +77,8 @@ def build_schedule(
 
     if bandwidth is not None:
         backward = _with_prefetches(graph, backward, bandwidth)
-    steps = with_frees(graph, forward + backward)
+    # The autograd engine holds the incoming gradients until the backward returns.
+    steps = with_frees(graph, forward + backward, keep=_tangents(graph))
     return Schedule(steps=tuple(steps), backward_start=_split_index(steps, len(forward)))
 
 

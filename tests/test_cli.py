@@ -1,0 +1,275 @@
+"""The `memplan` command line: plan, show and solvers, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from memplan import solvers
+from memplan.cli import main
+from memplan.errors import PlanFileError
+from memplan.planner.plan import Plan
+from memplan.report import plot_timeline
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Tiny(nn.Module):
+    """4 x (Linear 64->64, Tanh) on a batch of 1024: 256 KiB per activation, 65 KiB of weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(64, 64), nn.Tanh())])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x).square().mean()
+
+
+class Payload:
+    """Unpickling this touches `path`: stands in for a file that runs code when loaded."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[Path]]:
+        return Path.touch, (self.path,)
+
+
+def _example() -> tuple[Tiny, tuple[torch.Tensor]]:
+    torch.manual_seed(0)
+    return Tiny(), (torch.randn(1024, 64),)
+
+
+@pytest.fixture(scope="module")
+def pt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny.pt2: an exported Tiny, saved with its example inputs."""
+    path = tmp_path_factory.mktemp("model") / "tiny.pt2"
+    model, inputs = _example()
+    torch.export.save(torch.export.export(model, inputs), path)
+    assert torch.export.load(path).example_inputs is not None
+    return path
+
+
+@pytest.fixture(scope="module")
+def plan_json(pt2: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("plan") / "plan.json"
+    assert main(["plan", str(pt2), "--budget", "80%", "--no-measure", "-o", str(path)]) == 0
+    return path
+
+
+def _error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    """Run argv, expect exit 2 and one `memplan: error:` line on stderr; return that line."""
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("memplan: error: "), err
+    assert err.count("\n") == 1, err
+    return err
+
+
+def _leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+def test_plan_writes_a_plan_within_budget(pt2, tmp_path, capsys):
+    out, png = tmp_path / "plan.json", tmp_path / "timeline.png"
+    argv = ["plan", str(pt2), "--budget", "80%", "--no-measure", "-o", str(out), "--png", str(png)]
+    assert main(argv) == 0
+    plan = Plan.load(out)
+    assert plan.name == "tiny"
+    assert plan.budget == int(0.8 * plan.unplanned_peak)
+    assert plan.predicted_peak <= plan.budget
+    assert plan.counts()["recompute"] > 0  # 80% cannot be met by keeping everything
+    assert plan.options["measure"] is False
+    assert png.read_bytes().startswith(PNG_MAGIC)
+    stdout = capsys.readouterr().out
+    assert "predicted peak" in stdout
+    assert f"wrote {out}" in stdout
+    assert _leftovers(tmp_path) == ["plan.json", "timeline.png"]
+
+
+def test_plan_measures_node_times_by_default(pt2, tmp_path):
+    out = tmp_path / "plan.json"
+    # 2e6 B = 1.91 MiB: between the least feasible peak and the unplanned one.
+    assert main(["plan", str(pt2), "--budget", "2e6", "--solver", "greedy", "-o", str(out)]) == 0
+    plan = Plan.load(out)
+    assert plan.options["measure"] is True
+    assert plan.budget == 2_000_000
+    assert plan.predicted_peak <= plan.budget
+    assert plan.predicted_time > 0
+
+
+def test_show_prints_the_tables_and_writes_a_png(plan_json, tmp_path, capsys):
+    png = tmp_path / "nested" / "timeline.png"
+    assert main(["show", str(plan_json), "--top", "2", "--png", str(png)]) == 0
+    stdout = capsys.readouterr().out
+    plan = Plan.load(plan_json)
+    largest = min(plan.tensor_bytes, key=lambda name: (-plan.tensor_bytes[name], name))
+    assert "saved tensors" in stdout
+    assert largest in stdout
+    assert f"{len(plan.decisions) - 2} more not shown" in stdout
+    assert png.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_plot_of_several_plans_without_times(plan_json, tmp_path):
+    """Two plans whose clocks are all zero: steps on the x axis, one measured-peak marker."""
+    plan = Plan.load(plan_json)
+    untimed = dataclasses.replace(
+        plan, clock=[0.0] * len(plan.clock), unplanned_clock=[0.0] * len(plan.unplanned_clock)
+    )
+    png = tmp_path / "both.png"
+    plot_timeline([untimed, dataclasses.replace(untimed, solver="other")], png, measured_peak=1)
+    assert png.read_bytes().startswith(PNG_MAGIC)
+    assert _leftovers(tmp_path) == ["both.png"]
+
+
+def test_solvers_lists_the_registry(capsys):
+    assert main(["solvers"]) == 0
+    assert capsys.readouterr().out.split() == solvers.available()
+
+
+@pytest.mark.parametrize("budget", ["0", "-5", "abc", "nan", "0%", "5 parsecs"])
+def test_bad_budgets_fail_in_one_line(pt2, tmp_path, capsys, budget):
+    message = _error(capsys, ["plan", str(pt2), "--budget", budget, "-o", str(tmp_path / "p")])
+    assert "budget" in message
+    assert _leftovers(tmp_path) == []
+
+
+def test_infeasible_budget_names_the_smallest_feasible_one(pt2, tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    out.write_text("an older plan")
+    argv = ["plan", str(pt2), "--budget", "1KiB", "--no-measure", "-o", str(out)]
+    message = _error(capsys, argv)
+    smallest = re.search(r"smallest feasible peak .*\((\d+) B\)", message)
+    assert smallest is not None, message
+    assert out.read_text() == "an older plan"  # a failed run leaves the old file alone
+    argv[3] = smallest.group(1)
+    assert main(argv) == 0
+    assert Plan.load(out).predicted_peak <= int(smallest.group(1))
+
+
+def test_unknown_solver_names_the_available_ones(pt2, tmp_path, capsys):
+    argv = ["plan", str(pt2), "--budget", "80%", "--solver", "magic", "-o", str(tmp_path / "p")]
+    message = _error(capsys, argv)
+    assert "'magic'" in message
+    assert all(name in message for name in solvers.available())
+    assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("damage", ["random", "truncated", "missing"])
+def test_corrupt_model_files_fail_in_one_line(pt2, tmp_path, capsys, damage):
+    model = tmp_path / "bad.pt2"
+    if damage == "random":
+        model.write_bytes(torch.randint(0, 256, (4096,), dtype=torch.uint8).numpy().tobytes())
+    elif damage == "truncated":
+        model.write_bytes(pt2.read_bytes()[: pt2.stat().st_size // 2])
+    out = tmp_path / "plan.json"
+    message = _error(capsys, ["plan", str(model), "--budget", "80%", "-o", str(out)])
+    assert str(model) in message
+    assert not out.exists()
+
+
+def test_pt2_that_would_unpickle_code_is_refused(pt2, tmp_path, capsys):
+    """torch.export.load unpickles sample inputs with weights_only=False when the safe load
+    fails; a .pt2 must never get that far."""
+    touched = tmp_path / "touched"
+    payload = io.BytesIO()
+    torch.save((Payload(touched),), payload)  # a tuple, as torch.export's loader expects
+    model = tmp_path / "crafted.pt2"
+    with zipfile.ZipFile(pt2) as source, zipfile.ZipFile(model, "w") as crafted:
+        for info in source.infolist():
+            is_inputs = info.filename.endswith("sample_inputs/model.pt")
+            crafted.writestr(info, payload.getvalue() if is_inputs else source.read(info))
+    _error(capsys, ["plan", str(model), "--budget", "80%", "-o", str(tmp_path / "p")])
+    assert not touched.exists()
+
+
+def test_pickled_model_needs_allow_pickle(tmp_path, capsys):
+    model, inputs = _example()
+    path = tmp_path / "model.pt"
+    torch.save({"model": model, "inputs": inputs}, path)
+    out = tmp_path / "plan.json"
+    argv = ["plan", str(path), "--budget", "80%", "--no-measure", "-o", str(out)]
+    message = _error(capsys, argv)
+    assert "--allow-pickle" in message
+    assert "arbitrary code" in message
+    assert not out.exists()
+    assert main([*argv, "--allow-pickle"]) == 0
+    assert Plan.load(out).predicted_peak <= Plan.load(out).budget
+
+
+def test_pickle_without_model_and_inputs_fails_in_one_line(tmp_path, capsys):
+    path = tmp_path / "model.pt"
+    torch.save([1, 2, 3], path)
+    argv = ["plan", str(path), "--budget", "80%", "--allow-pickle", "-o", str(tmp_path / "p")]
+    assert "'model': nn.Module" in _error(capsys, argv)
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [
+        ("truncated", "not valid JSON"),
+        ("not json", "not valid JSON"),
+        ("wrong format", "'format'"),
+        ("missing", "no such file"),
+    ],
+)
+def test_corrupt_plan_files_fail_in_one_line(plan_json, tmp_path, capsys, damage, expected):
+    path = tmp_path / "plan.json"
+    text = plan_json.read_text()
+    if damage == "truncated":
+        path.write_text(text[: len(text) // 2])
+    elif damage == "not json":
+        path.write_bytes(b"\xff\xfe\x00garbage")
+    elif damage == "wrong format":
+        path.write_text(json.dumps({**json.loads(text), "format": 99}))
+    png = tmp_path / "timeline.png"
+    assert expected in _error(capsys, ["show", str(path), "--png", str(png)])
+    assert not png.exists()
+
+
+def test_verbose_shows_the_traceback(tmp_path):
+    with pytest.raises(PlanFileError):
+        main(["show", str(tmp_path / "missing.json"), "--verbose"])
+    with pytest.raises(PlanFileError):
+        main(["--verbose", "show", str(tmp_path / "missing.json")])
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["plan", "m.pt2", "-o", "p.json"],  # no --budget
+        ["plan", "m.pt2", "--budget", "1GiB"],  # no -o
+        ["plan", "m.pt2", "--budget", "1GiB", "-o", "p.json", "--time-limit", "0"],
+        ["show", "p.json", "--top", "-1"],
+        ["frobnicate"],
+    ],
+)
+def test_usage_errors_exit_2(argv, capsys):
+    assert main(argv) == 2
+    assert "usage: memplan" in capsys.readouterr().err
+
+
+def test_console_script_module_runs():
+    result = subprocess.run(
+        [sys.executable, "-m", "memplan.cli", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert all(command in result.stdout for command in ("plan", "show", "solvers"))

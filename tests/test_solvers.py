@@ -1,0 +1,242 @@
+"""Solvers without torch: the registry, decisions -> schedule, baselines, greedy; every
+schedule judged by the simulator."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from strategies import chain_graph, training_graphs
+
+from memplan.errors import InvalidSchedule, UnknownSolver
+from memplan.graph import Compute, Decision, Free, Graph, Offload, Prefetch, Wait
+from memplan.planner.simulate import simulate
+from memplan.solvers import REGISTRY, SolverOptions, available, get_solver
+from memplan.solvers.baselines import chen_sqrt, keep_all
+from memplan.solvers.greedy import solve as greedy
+from memplan.solvers.training import build_schedule
+
+STATUSES = {"optimal", "feasible", "infeasible", "timeout"}
+NO_LINK = SolverOptions()
+PROPERTY = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def peak_of(graph: Graph, result, bandwidth: float | None = None) -> int:
+    return simulate(graph, result.schedule, bandwidth=bandwidth).peak
+
+
+# --- registry ----------------------------------------------------------------------------
+
+
+def test_registry_lists_and_loads_solvers():
+    assert available() == sorted(REGISTRY)
+    assert {"keep_all", "chen_sqrt", "greedy"} <= set(available())
+    assert get_solver("keep_all") is keep_all
+    assert get_solver("chen_sqrt") is chen_sqrt
+    assert get_solver("greedy") is greedy
+
+
+def test_unknown_solver_names_the_available_ones():
+    with pytest.raises(UnknownSolver) as caught:
+        get_solver("simulated_annealing")
+    message = str(caught.value)
+    assert "'simulated_annealing'" in message
+    for name in available():
+        assert name in message
+    assert isinstance(caught.value, KeyError)
+
+
+def test_solver_options_to_json():
+    options = SolverOptions(seed=3, bandwidth=1e9)
+    assert options.to_json() == {
+        "seed": 3, "time_limit": 60.0, "bandwidth": 1e9, "minimize_memory": False,
+    }  # fmt: skip
+
+
+# --- decisions -> schedule -----------------------------------------------------------------
+
+
+def test_build_schedule_keep_all_on_a_two_layer_chain():
+    g = chain_graph(
+        2
+    )  # p 0, x 1, f0 2, f1 3, loss 4, tangent 5, dloss 6, dp1 7, dx1 8, dp0 9, dx0 10
+    schedule = build_schedule(g, {})
+    assert schedule.steps == (
+        Compute(2), Compute(3), Compute(4),  # forward
+        Compute(5), Compute(6), Free(3), Free(5), Compute(7), Compute(8), Free(2), Free(6),
+        Compute(9), Compute(10), Free(8), Free(10),
+    )  # fmt: skip
+    assert schedule.backward_start == 3
+    trace = simulate(g, schedule)
+    # p 100 + x 10 = 110; f0 120; f1 130; loss 134; tangent 138; dloss 148; -f1 -t 134;
+    # dp1 234; dx1 244; -f0 -dloss 224; dp0 324; dx0 334; -dx1 -dx0 314
+    assert trace.live == (120, 130, 134, 138, 148, 138, 134, 234, 244, 234, 224, 324, 334, 324, 314)
+    assert trace.peak == 334  # p 100 + x 10 + loss 4 + dp1 100 + dx1 10 + dp0 100 + dx0 10
+    assert trace.time == 8.0  # 3 forward + 5 backward; the tangent takes no time
+
+
+def test_build_schedule_recomputes_before_first_use():
+    g = chain_graph(2)
+    schedule = build_schedule(g, {2: Decision.RECOMPUTE})
+    assert schedule.steps == (
+        Compute(2), Compute(3), Free(2), Compute(4),  # f0 dies after f1 reads it
+        Compute(5), Compute(6), Free(3), Free(5), Compute(2), Compute(7), Compute(8),
+        Free(2), Free(6), Compute(9), Compute(10), Free(8), Free(10),
+    )  # fmt: skip
+    assert schedule.backward_start == 4
+    trace = simulate(g, schedule)
+    assert trace.time == 9.0  # keep_all's 8 + f0 again
+    assert trace.peak == 334  # the gradients' peak is unchanged
+
+
+def test_build_schedule_offload_needs_a_link():
+    g = chain_graph(2)
+    with pytest.raises(InvalidSchedule, match="needs a host link bandwidth"):
+        build_schedule(g, {2: Decision.OFFLOAD})
+    schedule = build_schedule(g, {2: Decision.OFFLOAD}, bandwidth=1e6)
+    kinds = {type(s) for s in schedule.steps}
+    assert {Offload, Prefetch, Wait} <= kinds
+    simulate(g, schedule, bandwidth=1e6)
+
+
+# --- keep_all and chen_sqrt ----------------------------------------------------------------
+
+
+def test_keep_all_status_around_its_peak():
+    g = chain_graph(4, act_bytes=100, param_bytes=1)
+    peak = peak_of(g, keep_all(g, 10**9, NO_LINK))
+    # p 1 + x 100 + f0..f3 400 + loss 4 + tangent 4 + dloss 100, just before f3 dies
+    assert peak == 609
+    assert keep_all(g, peak, NO_LINK).status == "feasible"
+    assert keep_all(g, peak - 1, NO_LINK).status == "infeasible"
+    result = keep_all(g, peak, NO_LINK)
+    assert result.objective == 14.0  # 5 forward + 9 backward nodes of 1 s
+    assert set(result.decisions.values()) == {Decision.KEEP}
+
+
+def test_chen_sqrt_keeps_about_sqrt_n_checkpoints():
+    g = chain_graph(16, act_bytes=100, param_bytes=1)
+    result = chen_sqrt(g, 10**9, NO_LINK)
+    candidates = g.saved_candidates
+    assert len(candidates) == 16  # f0..f15
+    kept = sorted(v for v, d in result.decisions.items() if d is Decision.KEEP)
+    assert abs(len(kept) - math.sqrt(len(candidates))) <= 1
+    # 17 forward nodes of 1 s in 4 segments: cuts after 4.25, 8.5, 12.75 s keep f4, f8, f12
+    assert [g[v].name for v in kept] == ["f4", "f8", "f12"]
+    trace = simulate(g, result.schedule)
+    full = simulate(g, keep_all(g, 10**9, NO_LINK).schedule)
+    assert trace.peak < full.peak
+    assert trace.time > full.time
+    assert result.objective == trace.time
+
+
+def test_chen_sqrt_keeps_what_cannot_be_recomputed():
+    import dataclasses
+
+    g = chain_graph(9, act_bytes=100, param_bytes=1)
+    frozen = g.by_name["f1"]
+    nodes = tuple(dataclasses.replace(n, recomputable=n.id != frozen) for n in g)
+    g = Graph(nodes=nodes, outputs=g.outputs)
+    result = chen_sqrt(g, 10**9, NO_LINK)
+    assert result.decisions[frozen] is Decision.KEEP
+    assert Compute(frozen) not in result.schedule.steps[result.schedule.split :]
+
+
+# --- greedy ------------------------------------------------------------------------------
+
+
+def test_greedy_meets_a_budget_between_its_minimum_and_keep_all():
+    g = chain_graph(8, act_bytes=100, param_bytes=1)
+    full = peak_of(g, keep_all(g, 10**9, NO_LINK))
+    least = peak_of(g, greedy(g, 1, SolverOptions(minimize_memory=True)))
+    assert least < full
+    for budget in (least, (least + full) // 2, full - 1):
+        result = greedy(g, budget, NO_LINK)
+        assert result.status == "feasible"
+        assert peak_of(g, result) <= budget
+
+
+def test_greedy_reports_infeasible_with_its_least_peak():
+    g = chain_graph(4, act_bytes=100, param_bytes=1)
+    least = peak_of(g, greedy(g, 1, SolverOptions(minimize_memory=True)))
+    result = greedy(g, least - 1, NO_LINK)
+    assert result.status == "infeasible"
+    assert f"least peak found: {least} B" in result.message
+    assert peak_of(g, result) == least  # the best schedule it found comes back anyway
+
+
+def test_greedy_offloads_over_a_fast_link_instead_of_recomputing():
+    g = chain_graph(4, act_bytes=100, param_bytes=1)
+    options = SolverOptions(bandwidth=1e6, minimize_memory=True)  # 100 B copies take 0.1 ms
+    result = greedy(g, 1, options)
+    assert Decision.OFFLOAD in result.decisions.values()
+    assert Decision.RECOMPUTE not in result.decisions.values()
+    trace = simulate(g, result.schedule, bandwidth=1e6)
+    assert trace.peak < 609  # keep_all's peak
+    assert (trace.time, trace.stall) == (14.0, 0.0)  # the copies hide: keep_all's time
+
+
+# --- properties on training-shaped graphs -------------------------------------------------
+
+
+def _options(bandwidth: float | None) -> SolverOptions:
+    return SolverOptions(bandwidth=bandwidth, time_limit=5.0)
+
+
+def _end_bytes(g: Graph) -> int:
+    """Device bytes after the last Free: the storages of the resident inputs and outputs
+    (training graphs have no carved nodes, so each owner counts its whole bytes)."""
+    return sum(
+        g[o].bytes for o in {g.storage_owner[v] for v in g.resident_inputs + list(g.outputs)}
+    )
+
+
+@PROPERTY
+@given(training_graphs(), st.sampled_from([None, 20.0]), st.floats(0.2, 1.1))
+def test_every_solver_schedule_is_accepted_by_the_simulator(g, bandwidth, share):
+    options = _options(bandwidth)
+    full = peak_of(g, keep_all(g, 10**12, options), bandwidth)
+    budget = max(1, math.floor(share * full))
+    for name in available():
+        result = get_solver(name)(g, budget, options)
+        assert result.status in STATUSES, name
+        if result.schedule is None:
+            assert result.status in {"infeasible", "timeout"}, name
+            continue
+        trace = simulate(g, result.schedule, bandwidth=bandwidth)  # raises if invalid
+        assert min(trace.live) >= 0, name
+        assert trace.live[-1] == _end_bytes(g), name
+        if result.status in {"optimal", "feasible"}:
+            assert trace.peak <= budget, name
+            if budget < full:
+                assert trace.peak < full, name  # keep_all's peak bounds every feasible plan
+        elif name in {"keep_all", "chen_sqrt", "greedy"}:
+            assert trace.peak > budget, name
+        again = get_solver(name)(g, budget, options)
+        assert again.schedule == result.schedule, f"{name} is not deterministic"
+
+
+@PROPERTY
+@given(training_graphs(), st.sampled_from([None, 20.0]))
+def test_greedy_meets_its_own_least_peak(g, bandwidth):
+    least = peak_of(
+        g, greedy(g, 1, SolverOptions(bandwidth=bandwidth, minimize_memory=True)), bandwidth
+    )
+    assert least <= peak_of(g, keep_all(g, 10**12, _options(bandwidth)), bandwidth)
+    result = greedy(g, least, _options(bandwidth))
+    assert result.status == "feasible"
+    assert peak_of(g, result, bandwidth) <= least
+
+
+@PROPERTY
+@given(training_graphs(), st.sampled_from([None, 20.0]))
+def test_baseline_objectives_are_the_simulated_time(g, bandwidth):
+    options = _options(bandwidth)
+    full = keep_all(g, 10**12, options)
+    assert full.objective == simulate(g, full.schedule, bandwidth=bandwidth).time
+    assert full.objective == g.total_time  # nothing recomputed, nothing transferred
+    sqrt = chen_sqrt(g, 10**12, options)
+    assert sqrt.objective == simulate(g, sqrt.schedule, bandwidth=bandwidth).time
+    assert sqrt.objective >= full.objective
