@@ -259,7 +259,9 @@ class Partitioner:
         self.options = options
         self.name = name
         self.reuse = reuse
-        self.cache = cache
+        # Profiled times are cached on disk, so that planning the same model twice sees the
+        # same times and makes the same decisions.
+        self.cache = cache if cache is not None else ProfileCache()
         self.plans: list[Plan] = []
         self.lowered: list[Lowered] = []
 
