@@ -16,7 +16,7 @@ _LAZY = {
     "optimize": "memplan.api",
     "plan": "memplan.api",
     "PlannedModule": "memplan.api",
-    "backend": "memplan.backend",
+    "backend": "memplan.backends",
     "Plan": "memplan.planner.plan",
 }
 

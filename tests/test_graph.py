@@ -48,11 +48,6 @@ def small_graph() -> Graph:
 # --- torch-free ------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    reason="memplan/__init__.py eagerly imports memplan.api (torch), so importing "
-    "memplan.graph loads torch",
-    strict=True,
-)
 def test_ir_simulator_and_solvers_import_without_torch():
     code = (
         "import sys\n"
