@@ -46,7 +46,7 @@ def main() -> None:
         for _ in range(STEPS):
             step()
             optimizer.step()
-            losses.append(float(module(*example.inputs)))
+            losses.append(float(module(*example.inputs).detach()))
         rows.append((label, peak, seconds, losses[-1]))
 
     table = Table(title=f"one training step on {cpu}")
