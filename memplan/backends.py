@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import boxed_nop_preserve_node_meta
 
 from memplan.errors import MemplanError
 from memplan.graph import Budget
@@ -24,7 +24,10 @@ INNER_COMPILERS = ("eager", "inductor")
 
 
 def _eager(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-    return make_boxed_func(gm.forward)
+    # The runner the API path uses too: it takes its inputs as a list it clears, and drops
+    # each value after its last use, so saved activations die where the plan frees them.
+    # (`make_boxed_func(gm.forward)` would hold every input until the graph returns.)
+    return boxed_nop_preserve_node_meta(gm, example_inputs)
 
 
 def _inductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:

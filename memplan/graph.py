@@ -119,6 +119,15 @@ class Graph:
         return tuple(owner)
 
     @cached_property
+    def carved_outputs(self) -> dict[int, tuple[int, ...]]:
+        """carved_outputs[v]: the nodes carved out of multi-output node v, in id order."""
+        carved: dict[int, list[int]] = {}
+        for node in self.nodes:
+            if node.carved_from is not None:
+                carved.setdefault(node.carved_from, []).append(node.id)
+        return {parent: tuple(children) for parent, children in carved.items()}
+
+    @cached_property
     def by_name(self) -> dict[str, int]:
         return {node.name: node.id for node in self.nodes}
 

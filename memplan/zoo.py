@@ -108,9 +108,15 @@ def gpt2(batch: int = 8, seq: int = 128, layers: int = 4, width: int = 64) -> Ex
         resid_pdrop=0.0,
         embd_pdrop=0.0,
         attn_pdrop=0.0,
+        bos_token_id=0,  # the special tokens must fit the small vocabulary
+        eos_token_id=0,
     )
     ids = torch.randint(0, config.vocab_size, (batch, seq))
-    model = LossOf(tf.GPT2LMHeadModel(config), ("input_ids", "labels"))
+    lm = tf.GPT2LMHeadModel(config)
+    # Named, not left for transformers to pick with a logged warning: a logging call is a
+    # graph break under torch.compile.
+    lm.loss_type = "ForCausalLM"
+    model = LossOf(lm, ("input_ids", "labels"))
     return Example("gpt2", model, (ids, ids.clone()))
 
 
@@ -143,6 +149,8 @@ def vit(batch: int = 16) -> Example:
         num_attention_heads=4,
         intermediate_size=256,
         num_labels=10,
+        # Set up front: transformers sets it on the first call, which makes Dynamo recompile.
+        problem_type="single_label_classification",
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
     )
@@ -160,6 +168,7 @@ def resnet(batch: int = 16) -> Example:
         depths=[3, 2, 1],
         layer_type="basic",
         num_labels=10,
+        problem_type="single_label_classification",  # as for vit
     )
     pixels, labels = torch.randn(batch, 3, 64, 64), torch.randint(0, 10, (batch,))
     model = LossOf(tf.ResNetForImageClassification(config), ("pixel_values", "labels"))

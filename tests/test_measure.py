@@ -166,3 +166,20 @@ def test_median_step_seconds_runs_warmup_and_repeats():
     seconds = median_step_seconds(lambda: calls.append(_matmuls()), device=CPU, repeats=3, warmup=2)
     assert len(calls) == 5
     assert seconds > 0
+
+
+def test_the_allocator_skips_frees_of_blocks_from_before_the_step():
+    # The profiler reports the free of a block it saw allocated in an earlier session;
+    # counted, it would pull the level below the step's start and hide the step's peak.
+    held: dict[str, torch.Tensor] = {}
+
+    def allocate() -> None:
+        held["old"] = torch.randn(4096)
+
+    def step() -> None:
+        del held["old"]
+        a, b = torch.randn(1024), torch.randn(1024)
+        del a, b
+
+    measure_peak(allocate, resident=[], device=CPU, method="allocator")
+    assert measure_peak(step, resident=[], device=CPU, method="allocator").peak_bytes == 8192

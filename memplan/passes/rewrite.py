@@ -8,6 +8,7 @@ copy named `recompute_*`, a transfer is `offload_*` (forward), `prefetch_*` and 
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -43,12 +44,25 @@ def rewrite(
     modules = []
     elapsed = time.perf_counter() - started
     for part, graph in (("forward", fw), ("backward", bw)):
+        _drop_unused_outputs(graph)
         graph.lint()
         module = fx.GraphModule(lowered.joint, graph, class_name=f"Memplan{part.title()}")
         module.recompile()
         module.meta["memplan"] = {**(stamp or {}), "part": part, "rewrite_seconds": elapsed}
         modules.append(module)
     return modules[0], modules[1]
+
+
+def _drop_unused_outputs(graph: fx.Graph) -> None:
+    """Erase outputs taken from a multi-output op that nothing reads.
+
+    The schedule takes every output of such an op at once, so that its result dies at once;
+    one that is never read is dropped there. fx's Interpreter keeps a value nobody reads
+    until the graph returns, so leaving one in would keep its tensor alive that long.
+    """
+    for node in reversed(graph.nodes):
+        if node.op == "call_function" and node.target is operator.getitem and not node.users:
+            graph.erase_node(node)
 
 
 def _forward_graph(

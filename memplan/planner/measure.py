@@ -6,10 +6,12 @@ The figures the simulator's predictions are checked against (see docs: Measureme
 from __future__ import annotations
 
 import contextlib
+import gc
 import statistics
 import threading
 import time
 import weakref
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -172,7 +174,14 @@ def measure_peak(
         method = "cuda" if device.type == "cuda" else "tracker"
     if method not in _METHODS:
         raise ValueError(f"unknown measure method {method!r}; expected one of {sorted(_METHODS)}")
-    peak, seconds = _METHODS[method](step, resident, device)
+    # Garbage from earlier work, collected in the middle of the step, would show up as frees
+    # of blocks the step never allocated: collect it first and hold the collector off.
+    gc.collect()
+    gc.disable()
+    try:
+        peak, seconds = _METHODS[method](step, resident, device)
+    finally:
+        gc.enable()
     return Measurement(peak_bytes=peak, seconds=seconds, method=method)
 
 
@@ -227,8 +236,18 @@ def _measure_allocator(
         and device.index in (None, e.device_index())
     ]
     level = peak = 0
+    # The profiler also reports frees of blocks it saw allocated in an earlier session:
+    # a free with no block of its size allocated in this one predates the step; skip it.
+    unfreed: Counter[int] = Counter()
     for event in sorted(events, key=lambda e: e.start_ns()):
-        level += event.nbytes()
+        nbytes = event.nbytes()
+        if nbytes > 0:
+            unfreed[nbytes] += 1
+        elif unfreed[-nbytes] > 0:
+            unfreed[-nbytes] -= 1
+        else:
+            continue
+        level += nbytes
         peak = max(peak, level)
     baseline = LiveStorageTracker(resident, device=device).current
     return baseline + peak, seconds

@@ -107,6 +107,7 @@ def _materialise(
     An iterative post-order walk: a node is emitted once all of its own inputs are
     available, so recompute chains come out in topological order.
     """
+    carved = graph.carved_outputs
     stack: list[tuple[int, bool]] = [(s, False) for s in reversed(graph[target].inputs)]
     while stack:
         v, inputs_done = stack.pop()
@@ -119,6 +120,13 @@ def _materialise(
         elif inputs_done:
             out.append(Compute(v))
             available.add(v)
+            # A multi-output op's result holds all its outputs until every one is taken
+            # out of it: take them all at once, so that the result dies here and an output
+            # nobody needs is freed at once instead of riding along until a later use.
+            for child in carved.get(v, ()):
+                if child not in available:
+                    out.append(Compute(child))
+                    available.add(child)
         else:
             node = graph[v]
             if node.kind is not NodeKind.COMPUTE:
