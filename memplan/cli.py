@@ -21,12 +21,14 @@ from memplan.errors import MemplanError, ModelFileError
 from memplan.graph import Budget
 from memplan.planner import capture
 from memplan.planner.plan import Plan, PlanOptions
-from memplan.report import decision_table, plot_timeline, summary_table
+from memplan.report import decision_table, plot_timeline, summary_table, verification_table
+from memplan.verify import verify
 
 # torch.save files; loading one unpickles, which can run any code the file's author chose.
 PICKLE_SUFFIXES = frozenset({".pt", ".pth", ".pkl", ".pickle"})
 DEFAULTS = PlanOptions()
 EXIT_ERROR = 2
+EXIT_CHECK_FAILED = 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -112,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="host link bandwidth assumed for offloading",
     )
     plan.add_argument(
+        "--verify",
+        action="store_true",
+        help="then run one planned and one eager training step: check that the gradients "
+        "match and measure the peak (exit status 1 if the check fails)",
+    )
+    plan.add_argument(
         "--allow-pickle",
         action="store_true",
         help="load a .pt/.pth file saved with torch.save({'model': module, 'inputs': tuple}); "
@@ -158,10 +166,19 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
     plan.save(args.output)
     console.print(summary_table(plan))
     console.print(f"wrote {args.output}")
+    measured_peak = None
+    status = 0
+    if args.verify:
+        check = verify(model, inputs, plan)
+        measured_peak = check.measured_peak
+        console.print(verification_table(check))
+        for problem in check.problems():
+            print(f"memplan: check failed: {problem}", file=sys.stderr)
+        status = 0 if check.ok else EXIT_CHECK_FAILED
     if args.png is not None:
-        plot_timeline(plan, args.png)
+        plot_timeline(plan, args.png, measured_peak=measured_peak)
         console.print(f"wrote {args.png}")
-    return 0
+    return status
 
 
 def _show(args: argparse.Namespace, console: Console) -> int:

@@ -12,6 +12,8 @@ import math
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
+from fractions import Fraction
 from functools import cached_property
 
 from memplan.errors import BudgetError, GraphError
@@ -238,17 +240,42 @@ class Schedule:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, object]) -> Schedule:
+    def from_json(cls, data: object) -> Schedule:
+        """The schedule that to_json wrote; GraphError naming the bad field otherwise.
+
+        Node ids and backward_start must be JSON integers: a float or a numeric string is
+        refused rather than converted, as int() would silently truncate 1.5 to 1.
+        """
+        if not isinstance(data, dict):
+            raise GraphError(f"schedule JSON must be an object, got {type(data).__name__}")
         raw = data.get("steps")
         if not isinstance(raw, list):
             raise GraphError("schedule JSON has no 'steps' list")
         steps: list[Step] = []
-        for item in raw:
-            if not (isinstance(item, list) and len(item) == 2 and item[0] in STEP_TYPES):
-                raise GraphError(f"bad schedule step {item!r}")
-            steps.append(STEP_TYPES[item[0]](int(item[1])))
+        for index, item in enumerate(raw):
+            well_formed = isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
+            if not (well_formed and item[0] in STEP_TYPES):
+                raise GraphError(
+                    f"schedule JSON 'steps'[{index}] is {item!r}, "
+                    f"not [kind, node id] with kind one of {', '.join(STEP_TYPES)}"
+                )
+            if not _is_int(item[1]):
+                raise GraphError(
+                    f"schedule JSON 'steps'[{index}] is {item!r}: "
+                    f"its node id must be an integer, got {item[1]!r}"
+                )
+            steps.append(STEP_TYPES[item[0]](item[1]))
         start = data.get("backward_start")
-        return cls(steps=tuple(steps), backward_start=None if start is None else int(start))
+        if start is not None and not _is_int(start):
+            raise GraphError(
+                f"schedule JSON 'backward_start' must be an integer or null, got {start!r}"
+            )
+        return cls(steps=tuple(steps), backward_start=start)
+
+
+def _is_int(value: object) -> bool:
+    """A JSON integer: an int that is not a bool (json loads true as True, an int)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def with_frees(graph: Graph, steps: Iterable[Step], keep: Iterable[int] = ()) -> list[Step]:
@@ -305,35 +332,111 @@ _UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
-_BUDGET_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z%]*)\s*$")
+_BUDGET_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)(?:[eE]([+-]?[0-9]+))?\s*([a-zA-Z%]*)\s*$")
+# The most bytes a budget may name: allocators and torch count device memory in int64, and
+# a budget anywhere near it is a typo. A fraction is bounded by the same number.
+MAX_BUDGET_BYTES = 2**63 - 1
+# A numeral beyond 10**+-_MAX_EXPONENT is no budget either way (too large, or under a byte);
+# it is clamped before its exact value is built, which for 1e-999999999 would take minutes.
+_MAX_EXPONENT = 20
+
+
+def _exact(mantissa: str, exponent: str | None) -> Fraction:
+    """The exact value of the numeral `mantissa`e`exponent` ("1.001", "2e9", ".5e-3").
+
+    Values beyond 10**+-_MAX_EXPONENT are clamped to 10**+-(_MAX_EXPONENT + 1): whatever the
+    unit, Budget's bounds reject the clamped value exactly as they would the real one.
+    """
+    number = Decimal(mantissa)  # exact, and cheap however many digits it has
+    if not number:
+        return Fraction(0)
+    digits = (exponent or "").lstrip("+-").lstrip("0") or "0"
+    shift = int(digits) if len(digits) <= 9 else 10**9  # int() refuses very long strings
+    if (exponent or "").startswith("-"):
+        shift = -shift
+    magnitude = number.adjusted() + shift
+    if magnitude > _MAX_EXPONENT:
+        return Fraction(10 ** (_MAX_EXPONENT + 1))
+    if magnitude < -_MAX_EXPONENT:
+        return Fraction(1, 10 ** (_MAX_EXPONENT + 1))
+    return Fraction(number) * Fraction(10) ** shift
+
+
+def _as_fraction(fraction: object) -> Fraction:
+    """A budget fraction given to Budget(), as an exact Fraction.
+
+    A float is read as the shortest decimal that prints as it (0.29 is 29/100, not the
+    binary 0.28999999999999998): a float share is a decimal someone typed, and its binary
+    value would floor 29% of 100 bytes to 28.
+    """
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float, Fraction)):
+        raise BudgetError(
+            f"budget fraction must be a number, got {fraction!r} of type {type(fraction).__name__}"
+        )
+    if isinstance(fraction, float):
+        if not math.isfinite(fraction):
+            raise BudgetError(f"budget fraction must be positive, got {fraction}")
+        return Fraction(repr(fraction))
+    return Fraction(fraction)
+
+
+def _brief(number: int | Fraction) -> str:
+    """A number for an error message, in scientific notation when it is long."""
+    if isinstance(number, int) and abs(number) < 10**21:
+        return str(number)
+    return f"{Decimal(number.numerator) / Decimal(number.denominator):.4g}"
 
 
 @dataclass(frozen=True)
 class Budget:
-    """A peak-memory budget: absolute bytes, or a fraction of the unplanned peak."""
+    """A peak-memory budget: absolute bytes, or a fraction of the unplanned peak.
+
+    Both are exact so that float rounding never costs a byte: `fraction` is stored as a
+    Fraction (a float given for it is converted by _as_fraction), and parse and resolve
+    floor the exact rational value to whole bytes: "29%" of 100 bytes is 29, "1.001 KB"
+    is 1001 bytes, 1234.9 is 1234 and "50%" of 1001 bytes is 500.
+
+    Bytes are 1 to MAX_BUDGET_BYTES. A fraction is at most MAX_BUDGET_BYTES and at least
+    1 / MAX_BUDGET_BYTES: below that it is 0 bytes of any peak a device could have.
+    """
 
     bytes: int | None = None
-    fraction: float | None = None
+    fraction: Fraction | float | None = None
 
     def __post_init__(self) -> None:
         if (self.bytes is None) == (self.fraction is None):
             raise BudgetError("a Budget has exactly one of bytes or fraction")
-        if self.bytes is not None and self.bytes <= 0:
-            raise BudgetError(f"budget must be positive, got {self.bytes} bytes")
-        if self.fraction is not None and not (math.isfinite(self.fraction) and self.fraction > 0):
+        if self.bytes is not None:
+            if self.bytes <= 0:
+                raise BudgetError(f"budget must be positive, got {_brief(self.bytes)} bytes")
+            if self.bytes > MAX_BUDGET_BYTES:
+                raise BudgetError(
+                    f"budget of {_brief(self.bytes)} bytes is too large: at most 2**63 - 1 bytes"
+                )
+            return
+        share = _as_fraction(self.fraction)
+        if share <= 0:
             raise BudgetError(f"budget fraction must be positive, got {self.fraction}")
+        _check_share(share, f"fraction {_brief(share)}")
+        object.__setattr__(self, "fraction", share)  # frozen: store the exact value
 
     @classmethod
     def parse(cls, value: Budget | str | float | int) -> Budget:
-        """Accept "6GiB", "512 MB", 6e9, 123456 or "60%" (of the unplanned peak)."""
+        """Accept "6GiB", "512 MB", 6e9, 123456 or "60%" (of the unplanned peak).
+
+        Sizes are floored to whole bytes from their exact value. Anything that is not a
+        positive budget within the bounds above ("1e400", 10**400, "0.5") is a BudgetError.
+        """
         if isinstance(value, Budget):
             return value
         if isinstance(value, bool):
             raise BudgetError(f"budget must be bytes or a percentage, got {value!r}")
         if isinstance(value, (int, float)):
-            if not math.isfinite(value) or value <= 0:
-                raise BudgetError(f"budget must be a positive number of bytes, got {value!r}")
-            return cls(bytes=math.floor(value))
+            # no float() or isfinite() of an int: 10**400 overflows a float
+            shown = _brief(value) if isinstance(value, int) else repr(value)
+            if (isinstance(value, float) and not math.isfinite(value)) or value <= 0:
+                raise BudgetError(f"budget must be a positive number of bytes, got {shown}")
+            return cls(bytes=_whole_bytes(Fraction(value), shown))
         if not isinstance(value, str):
             raise BudgetError(
                 f"budget must be a str, int or float, got {value!r} of type {type(value).__name__}"
@@ -344,28 +447,47 @@ class Budget:
                 f"cannot parse budget {value!r}; "
                 "use bytes (2e9), a size ('2GiB') or a share ('60%')"
             )
-        number, unit = float(match.group(1)), match.group(2).lower()
-        if unit == "%":
-            if number <= 0:
-                raise BudgetError(f"budget must be positive, got {value!r}")
-            return cls(fraction=number / 100.0)
-        if unit not in _UNITS:
-            raise BudgetError(f"unknown unit {match.group(2)!r} in budget {value!r}")
+        unit = match.group(3).lower()
+        if unit != "%" and unit not in _UNITS:
+            raise BudgetError(f"unknown unit {match.group(3)!r} in budget {value!r}")
+        number = _exact(match.group(1), match.group(2))
         if number <= 0:
             raise BudgetError(f"budget must be positive, got {value!r}")
-        return cls(bytes=math.floor(number * _UNITS[unit]))
+        if unit == "%":
+            share = number / 100
+            _check_share(share, repr(value))
+            return cls(fraction=share)
+        return cls(bytes=_whole_bytes(number * _UNITS[unit], repr(value)))
 
     def resolve(self, unplanned_peak: int) -> int:
-        """The budget in bytes, given the unplanned (keep-all) peak."""
+        """The budget in bytes, given the unplanned (keep-all) peak: a fraction of it is
+        floored from the exact product (50% of 1001 bytes is 500)."""
         if self.bytes is not None:
             return self.bytes
-        assert self.fraction is not None
+        assert isinstance(self.fraction, Fraction)
         return math.floor(self.fraction * unplanned_peak)
 
     def __str__(self) -> str:
         if self.fraction is not None:
-            return f"{self.fraction * 100:g}%"
+            return f"{float(self.fraction * 100):g}%"
         return format_bytes(self.bytes or 0)
+
+
+def _whole_bytes(size: Fraction, shown: str) -> int:
+    """`size` bytes floored to whole bytes; BudgetError quoting `shown` if out of bounds."""
+    if size > MAX_BUDGET_BYTES:
+        raise BudgetError(f"budget {shown} is too large: at most 2**63 - 1 bytes")
+    if size < 1:
+        raise BudgetError(f"budget {shown} is less than 1 byte")
+    return math.floor(size)
+
+
+def _check_share(share: Fraction, shown: str) -> None:
+    """BudgetError quoting `shown` unless 1 / MAX_BUDGET_BYTES <= share <= MAX_BUDGET_BYTES."""
+    if share > MAX_BUDGET_BYTES:
+        raise BudgetError(f"budget {shown} is too large: at most 2**63 - 1 times the peak")
+    if share * MAX_BUDGET_BYTES < 1:
+        raise BudgetError(f"budget {shown} is too small: under 1 byte of any peak")
 
 
 def format_bytes(n: float) -> str:

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from memplan.graph import Decision, format_bytes
 from memplan.planner.plan import Plan
+from memplan.verify import Verification
 
 MIB = 2**20
 _STYLE = {Decision.KEEP: "green", Decision.RECOMPUTE: "yellow", Decision.OFFLOAD: "cyan"}
@@ -49,6 +50,28 @@ def summary_table(plan: Plan) -> Table:
     table.add_row("status", plan.status)
     table.add_row("solve time", format_seconds(plan.solve_seconds))
     table.add_row("decisions", ", ".join(f"{n} {d}" for d, n in counts.items()))
+    return table
+
+
+def verification_table(check: Verification) -> Table:
+    """A plan's check on the real model: measured peaks next to the prediction."""
+    table = Table(title="checked on the model", show_header=False, title_justify="left")
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    verdict = "[green]ok[/]" if check.ok else "[red]failed[/]"
+    table.add_row("eager peak", f"{format_bytes(check.eager_peak)} (measured, {check.method})")
+    table.add_row(
+        "planned peak",
+        f"{format_bytes(check.measured_peak)} (measured; predicted "
+        f"{format_bytes(check.predicted_peak)}, {check.prediction_error:+.2%})",
+    )
+    table.add_row("within budget", "yes" if check.within_budget else "[red]no[/]")
+    table.add_row(
+        "gradients",
+        f"{'equal to eager' if check.grads_match else '[red]differ[/]'} "
+        f"(max abs difference {check.max_grad_error:.3g})",
+    )
+    table.add_row("verdict", verdict)
     return table
 
 

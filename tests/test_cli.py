@@ -15,11 +15,13 @@ import pytest
 import torch
 from torch import nn
 
+from memplan import cli as cli_module
 from memplan import solvers
 from memplan.cli import main
 from memplan.errors import PlanFileError
 from memplan.planner.plan import Plan
 from memplan.report import plot_timeline
+from memplan.zoo import ZOO
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 REPO = Path(__file__).resolve().parents[1]
@@ -273,3 +275,32 @@ def test_console_script_module_runs():
     )
     assert result.returncode == 0, result.stderr
     assert all(command in result.stdout for command in ("plan", "show", "solvers"))
+
+
+def test_plan_and_verify_gpt2_from_a_pt2(tmp_path, capsys):
+    """The CLI path end to end on GPT-2: --verify exits 0 only if one planned step has
+    eager's gradients and a measured peak within the budget and 5% of the prediction."""
+    example = ZOO["gpt2"]()
+    model_file, plan_file = tmp_path / "gpt2.pt2", tmp_path / "plan.json"
+    torch.export.save(torch.export.export(example.model, example.inputs), model_file)
+    argv = ["plan", str(model_file), "--budget", "50%", "-o", str(plan_file), "--verify"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "equal to eager" in out and "verdict" in out
+    plan = Plan.load(plan_file)
+    assert plan.predicted_peak <= plan.budget <= 0.5 * plan.unplanned_peak
+    assert plan.counts()["recompute"] > 0
+
+
+def test_verify_failure_exits_1(pt2, tmp_path, capsys, monkeypatch):
+    # A plan whose prediction is off must fail the check: halve every prediction made.
+    real = cli_module.api.plan
+
+    def optimistic(*args: object, **kwargs: object) -> Plan:
+        plan = real(*args, **kwargs)
+        return dataclasses.replace(plan, predicted_peak=plan.predicted_peak // 2)
+
+    monkeypatch.setattr(cli_module.api, "plan", optimistic)
+    argv = ["plan", str(pt2), "--budget", "80%", "--no-measure", "-o", str(tmp_path / "p.json")]
+    assert main([*argv, "--verify"]) == 1
+    assert "from the predicted" in capsys.readouterr().err

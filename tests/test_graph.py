@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+from fractions import Fraction
 
 import pytest
 from hypothesis import given, settings
@@ -103,20 +104,44 @@ def test_budget_parse_percent(text, fraction, peak, resolved):
     assert budget.resolve(peak) == resolved
 
 
-@pytest.mark.xfail(
-    reason="float rounding: 29/100*100 = 28.999..., floored to 28 (graph.py Budget.resolve)",
-    strict=True,
+@pytest.mark.parametrize(
+    ("text", "peak", "resolved"),
+    [
+        ("29%", 100, 29),  # 29/100 * 100; a float gives 28.999... and floors to 28
+        ("57%", 10000, 5700),  # 5699.999... in floats
+        ("58 %", 100, 58),  # 57.999... in floats
+        ("33.3333%", 3, 0),  # 0.999999: floored, not rounded to 1
+        ("2.5e1%", 10, 2),  # 25% of 10 is 2.5, floored
+        ("150%", 7, 10),  # 10.5, floored
+    ],
 )
-def test_budget_percent_resolves_exactly():
-    assert Budget.parse("29%").resolve(100) == 29  # 29% of 100 B
+def test_budget_percent_resolves_exactly(text, peak, resolved):
+    assert Budget.parse(text).resolve(peak) == resolved
 
 
-@pytest.mark.xfail(
-    reason="float rounding: 1.001 * 1000 = 1000.999..., floored to 1000 (graph.py Budget.parse)",
-    strict=True,
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("1.001 KB", 1001),  # 1.001 * 1000; in floats 1000.999..., floored to 1000
+        ("8.2 MB", 8_200_000),  # 8199999.999... in floats
+        ("4.1GB", 4_100_000_000),  # 4099999999.999... in floats
+        ("0.1e1KiB", 1024),  # 1 KiB: the exponent is exact too
+        ("1.0009765625 KiB", 1025),  # 1 + 1/1024 KiB, exactly
+        ("1.9999 B", 1),  # whole bytes are floored, not rounded
+        ("9223372036854775807", 2**63 - 1),  # the largest budget, no float in between
+    ],
 )
-def test_budget_decimal_size_parses_exactly():
-    assert Budget.parse("1.001 KB").bytes == 1001  # 1.001 * 1000
+def test_budget_decimal_size_parses_exactly(text, expected):
+    assert Budget.parse(text).bytes == expected
+
+
+def test_budget_fraction_is_stored_exactly():
+    assert Budget.parse("29%").fraction == Fraction(29, 100)
+    # a float fraction is the decimal it prints as, so it resolves like the text
+    assert Budget(fraction=0.29) == Budget.parse("29%")
+    assert Budget(fraction=0.29).resolve(100) == 29
+    assert Budget(fraction=Fraction(1, 3)).resolve(10) == 3  # 3.33, floored
+    assert str(Budget.parse("57.3%")) == "57.3%"
 
 
 @pytest.mark.parametrize(
@@ -152,14 +177,45 @@ def test_budget_parse_rejects(value):
         Budget.parse(value)
 
 
-@pytest.mark.xfail(
-    reason="math.floor(inf) / math.isfinite(huge int) raise OverflowError, not BudgetError",
-    strict=True,
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("1e400", r"budget '1e400' is too large: at most 2\*\*63 - 1 bytes"),
+        (10**400, r"budget 1\.000e\+400 is too large"),  # not 400 digits
+        (-(10**400), r"positive number of bytes, got -1\.000e\+400"),
+        (2**63, "too large"),
+        ("9223372036854775808", "too large"),  # 2**63: one byte over
+        ("8.1 EB", "unknown unit 'EB'"),
+        ("8388608 TiB", "too large"),  # 2**63 bytes
+        (1e300, "too large"),
+        ("1e99999999999999999999", "too large"),  # an exponent int() refuses to read
+        ("1e-999999999 GB", "less than 1 byte"),  # not built exactly: that takes minutes
+        ("0.5", "less than 1 byte"),
+        ("1e400%", r"too large: at most 2\*\*63 - 1 times the peak"),
+        ("1e-999999999%", "too small: under 1 byte of any peak"),
+        ("1e-18%", "too small"),  # 1e-20 * (2**63 - 1) bytes is under 1 byte
+    ],
 )
-@pytest.mark.parametrize("value", ["1e400", 10**400])
-def test_budget_parse_rejects_overflow(value):
-    with pytest.raises(BudgetError):
+def test_budget_parse_rejects_out_of_range(value, message):
+    with pytest.raises(BudgetError, match=message) as caught:
         Budget.parse(value)
+    assert "\n" not in str(caught.value)
+    assert len(str(caught.value)) < 120
+
+
+def test_budget_bounds_are_inclusive():
+    assert Budget.parse(2**63 - 1).bytes == 2**63 - 1
+    assert Budget.parse("1 B").bytes == 1
+    assert Budget.parse("1.1e-17%").fraction == Fraction(11, 10**20)  # 1.01 B of 2**63 - 1
+    assert Budget(fraction=Fraction(1, 2**63 - 1)).resolve(2**63 - 1) == 1
+    with pytest.raises(BudgetError, match="too large"):
+        Budget(bytes=2**63)
+    with pytest.raises(BudgetError, match="too large"):
+        Budget(fraction=1e19)
+    with pytest.raises(BudgetError, match="too small"):
+        Budget(fraction=Fraction(1, 2**63))
+    with pytest.raises(BudgetError, match="too small"):
+        Budget.parse("1e-17%")  # 1e-19 * (2**63 - 1) is 0.92 bytes
 
 
 def test_budget_error_is_a_memplan_value_error():
@@ -177,6 +233,8 @@ def test_budget_error_is_a_memplan_value_error():
         {"fraction": 0.0},
         {"fraction": math.nan},
         {"fraction": math.inf},
+        {"fraction": "50%"},
+        {"fraction": True},
     ],
 )
 def test_budget_constructor_validates(fields):
@@ -387,20 +445,22 @@ def test_schedule_from_json_rejects(data):
         Schedule.from_json(data)
 
 
-@pytest.mark.xfail(
-    reason="Schedule.from_json calls int() unchecked: TypeError/ValueError, not GraphError",
-    strict=True,
-)
 @pytest.mark.parametrize(
-    "data",
+    ("data", "message"),
     [
-        {"steps": [["compute", None]]},
-        {"steps": [["compute", "a"]]},
-        {"steps": [], "backward_start": "x"},
+        ({"steps": [["compute", None]]}, r"'steps'\[0\] .*node id must be an integer, got None"),
+        ({"steps": [["compute", 1], ["free", "a"]]}, r"'steps'\[1\] .*got 'a'"),
+        ({"steps": [["compute", 1.5]]}, "got 1.5"),  # not truncated to 1
+        ({"steps": [["compute", 1.0]]}, "got 1.0"),
+        ({"steps": [["compute", True]]}, "got True"),  # JSON true is no node id
+        ({"steps": [[["compute"], 1]]}, r"'steps'\[0\] .*not \[kind, node id\]"),
+        ({"steps": [], "backward_start": "x"}, "'backward_start' must be an integer or null"),
+        ({"steps": [], "backward_start": 1.5}, "'backward_start'"),
+        ([["compute", 1]], "must be an object"),
     ],
 )
-def test_schedule_from_json_rejects_non_integer_ids(data):
-    with pytest.raises(GraphError):
+def test_schedule_from_json_rejects_non_integer_ids(data, message):
+    with pytest.raises(GraphError, match=message):
         Schedule.from_json(data)
 
 

@@ -141,11 +141,6 @@ def test_view_of_a_resident_input_costs_nothing():
     assert trace.live == (100, 110, 110)
 
 
-@pytest.mark.xfail(
-    reason="simulate.py _State.hold adds a recomputed base to the storage its old views "
-    "still hold, so freeing the new copy releases nothing until every member dies",
-    strict=True,
-)
 def test_recomputed_base_is_a_new_storage_while_a_view_keeps_the_old_one():
     g = Graph(
         nodes=(
@@ -162,6 +157,28 @@ def test_recomputed_base_is_a_new_storage_while_a_view_keeps_the_old_one():
     # +c 218; -a: the new storage dies 118; +d 128; -v: the old storage dies 28; -c 18
     assert trace.live == (108, 108, 108, 208, 218, 118, 128, 28, 18)
     assert trace.peak == 218
+
+
+def test_each_recomputation_of_a_base_is_its_own_storage():
+    g = Graph(
+        nodes=(
+            Node(0, "x", "input", bytes=8, kind=INPUT),
+            Node(1, "a", "relu", (0,), bytes=100, time=1.0),
+            Node(2, "v", "view", (1,), alias_of=1),
+            Node(3, "u", "view", (1,), alias_of=1),
+            Node(4, "w", "view", (2,), alias_of=1),  # lowered style: alias_of names the owner
+            Node(5, "c", "mm", (1, 3, 4), bytes=10, time=1.0),
+        ),
+        outputs=(5,),
+    )
+    steps = (C(1), C(2), F(1), C(1), C(3), F(1), C(1), C(4), F(2), C(5), F(1), F(3), F(4))
+    trace = run(g, *steps)
+    # x 8; +a 108; +v 108; -a (v holds copy 1) 108; recompute a: copy 2 208; +u 208;
+    # -a (u holds copy 2) 208; recompute a: copy 3 308; w, made from v, joins copy 1 308;
+    # -v (w holds copy 1) 308; +c 318; -a: copy 3 dies 218; -u: copy 2 dies 118;
+    # -w: copy 1 dies 18
+    assert trace.live == (108, 108, 108, 208, 208, 208, 308, 308, 308, 318, 218, 118, 18)
+    assert (trace.peak, trace.peak_step) == (318, 9)
 
 
 def carved_graph(carve_both: bool) -> Graph:

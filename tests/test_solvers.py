@@ -11,7 +11,17 @@ from hypothesis import strategies as st
 from strategies import chain_graph, training_graphs
 
 from memplan.errors import InvalidSchedule, UnknownSolver
-from memplan.graph import Compute, Decision, Free, Graph, Offload, Prefetch, Wait
+from memplan.graph import (
+    Compute,
+    Decision,
+    Free,
+    Graph,
+    Node,
+    NodeKind,
+    Offload,
+    Prefetch,
+    Wait,
+)
 from memplan.planner.simulate import simulate
 from memplan.solvers import REGISTRY, SolverOptions, available, get_solver
 from memplan.solvers.baselines import chen_sqrt, keep_all
@@ -58,43 +68,73 @@ def test_solver_options_to_json():
 # --- decisions -> schedule -----------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True, reason="expectations predate holding tangents until the backward ends; to update"
-)
 def test_build_schedule_keep_all_on_a_two_layer_chain():
-    g = chain_graph(
-        2
-    )  # p 0, x 1, f0 2, f1 3, loss 4, tangent 5, dloss 6, dp1 7, dx1 8, dp0 9, dx0 10
+    # p 0, x 1, f0 2, f1 3, loss 4, tangent 5, dloss 6, dp1 7, dx1 8, dp0 9, dx0 10
+    g = chain_graph(2)
     schedule = build_schedule(g, {})
     assert schedule.steps == (
         Compute(2), Compute(3), Compute(4),  # forward
-        Compute(5), Compute(6), Free(3), Free(5), Compute(7), Compute(8), Free(2), Free(6),
+        Compute(5), Compute(6), Free(3), Compute(7), Compute(8), Free(2), Free(6),
         Compute(9), Compute(10), Free(8), Free(10),
     )  # fmt: skip
+    # the tangent (5) is never freed: the autograd engine holds it until the backward ends
+    assert Free(5) not in schedule.steps
     assert schedule.backward_start == 3
     trace = simulate(g, schedule)
-    # p 100 + x 10 = 110; f0 120; f1 130; loss 134; tangent 138; dloss 148; -f1 -t 134;
-    # dp1 234; dx1 244; -f0 -dloss 224; dp0 324; dx0 334; -dx1 -dx0 314
-    assert trace.live == (120, 130, 134, 138, 148, 138, 134, 234, 244, 234, 224, 324, 334, 324, 314)
-    assert trace.peak == 334  # p 100 + x 10 + loss 4 + dp1 100 + dx1 10 + dp0 100 + dx0 10
+    # p 100 + x 10 = 110; f0 120; f1 130; loss 134; tangent 138; dloss 148; -f1 138;
+    # dp1 238; dx1 248; -f0 -dloss 228; dp0 328; dx0 338; -dx1 -dx0 318
+    assert trace.live == (120, 130, 134, 138, 148, 138, 238, 248, 238, 228, 328, 338, 328, 318)
+    # p 100 + x 10 + loss 4 + tangent 4 + dp1 100 + dx1 10 + dp0 100 + dx0 10
+    assert (trace.peak, trace.peak_step) == (338, 11)
+    assert trace.live[-1] == 318  # p 100 + x 10 + loss 4 + tangent 4 + dp1 100 + dp0 100
     assert trace.time == 8.0  # 3 forward + 5 backward; the tangent takes no time
 
 
-@pytest.mark.xfail(
-    strict=True, reason="expectations predate holding tangents until the backward ends; to update"
-)
 def test_build_schedule_recomputes_before_first_use():
     g = chain_graph(2)
     schedule = build_schedule(g, {2: Decision.RECOMPUTE})
     assert schedule.steps == (
         Compute(2), Compute(3), Free(2), Compute(4),  # f0 dies after f1 reads it
-        Compute(5), Compute(6), Free(3), Free(5), Compute(2), Compute(7), Compute(8),
+        Compute(5), Compute(6), Free(3), Compute(2), Compute(7), Compute(8),  # f0 again
         Free(2), Free(6), Compute(9), Compute(10), Free(8), Free(10),
     )  # fmt: skip
     assert schedule.backward_start == 4
     trace = simulate(g, schedule)
+    # 110; f0 120; f1 130; -f0 120; loss 124; tangent 128; dloss 138; -f1 128; f0 138;
+    # then as keep_all from dp1 on: 238, 248, 238, 228, 328, 338, 328, 318
+    assert trace.live == (
+        120, 130, 120, 124, 128, 138, 128, 138, 238, 248, 238, 228, 328, 338, 328, 318,
+    )  # fmt: skip
     assert trace.time == 9.0  # keep_all's 8 + f0 again
-    assert trace.peak == 334  # the gradients' peak is unchanged
+    assert trace.peak == 338  # the gradients' peak is unchanged: f0 is gone by then
+
+
+def test_build_schedule_recomputes_every_output_of_a_multi_output_node_at_once():
+    g = Graph(
+        nodes=(
+            Node(0, "x", "input", bytes=8, kind=NodeKind.INPUT),
+            Node(1, "m", "multi", (0,), bytes=100, time=2.0),
+            Node(2, "g0", "getitem", (1,), bytes=60, carved_from=1),
+            Node(3, "g1", "getitem", (1,), bytes=40, carved_from=1),
+            Node(4, "y", "mm", (2, 3), bytes=10, time=1.0),
+            Node(5, "loss", "sum", (4,), bytes=4, time=1.0),
+            Node(6, "tangent", "tangent", bytes=4, kind=NodeKind.TANGENT),
+            Node(7, "dy", "mm", (6, 2), bytes=10, time=1.0, is_backward=True),  # reads g0 only
+        ),
+        outputs=(5, 7),
+    )
+    schedule = build_schedule(g, {2: Decision.RECOMPUTE})
+    assert schedule.steps[schedule.split :] == (
+        Compute(6),
+        Compute(1), Compute(2), Compute(3),  # m, then both its outputs, so that m dies
+        Free(1), Free(3),  # g1, which no backward node reads, is dropped at once
+        Compute(7), Free(2),
+    )  # fmt: skip
+    trace = simulate(g, schedule)
+    # forward: 108 (g0 and g1 carve m's 100), 118 with y; at its end x 8 + loss 4 = 12;
+    # tangent 16; m 116, carved into g0 and g1: 116, 116; -m 116; -g1 76; dy 86; -g0 26
+    assert trace.live[schedule.split - 1 :] == (12, 16, 116, 116, 116, 116, 76, 86, 26)
+    assert trace.time == 7.0  # forward m 2 + y 1 + loss 1, backward m 2 + dy 1
 
 
 def test_build_schedule_offload_needs_a_link():
@@ -110,14 +150,15 @@ def test_build_schedule_offload_needs_a_link():
 # --- keep_all and chen_sqrt ----------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True, reason="expectations predate holding tangents until the backward ends; to update"
-)
 def test_keep_all_status_around_its_peak():
     g = chain_graph(4, act_bytes=100, param_bytes=1)
-    peak = peak_of(g, keep_all(g, 10**9, NO_LINK))
-    # p 1 + x 100 + f0..f3 400 + loss 4 + tangent 4 + dloss 100, just before f3 dies
-    assert peak == 609
+    schedule = keep_all(g, 10**9, NO_LINK).schedule
+    trace = simulate(g, schedule)
+    peak = trace.peak
+    # p 1 + x 100 + f0..f3 400 + loss 4 + tangent 4 + dloss 100 = 609; -f3 509; dp3 510;
+    # dx3 610: the tangent, held until the backward ends, is still there when dx3 runs
+    assert peak == 610
+    assert schedule.steps[trace.peak_step] == Compute(g.by_name["dx3"])
     assert keep_all(g, peak, NO_LINK).status == "feasible"
     assert keep_all(g, peak - 1, NO_LINK).status == "infeasible"
     result = keep_all(g, peak, NO_LINK)
@@ -183,7 +224,7 @@ def test_greedy_offloads_over_a_fast_link_instead_of_recomputing():
     assert Decision.OFFLOAD in result.decisions.values()
     assert Decision.RECOMPUTE not in result.decisions.values()
     trace = simulate(g, result.schedule, bandwidth=1e6)
-    assert trace.peak < 609  # keep_all's peak
+    assert trace.peak < peak_of(g, keep_all(g, 10**9, NO_LINK))
     assert (trace.time, trace.stall) == (14.0, 0.0)  # the copies hide: keep_all's time
 
 
@@ -195,16 +236,13 @@ def _options(bandwidth: float | None) -> SolverOptions:
 
 
 def _end_bytes(g: Graph) -> int:
-    """Device bytes after the last Free: the storages of the resident inputs and outputs
+    """Device bytes after the last Free: the storages of the resident inputs, the outputs
+    and the tangents, which the autograd engine holds until the backward returns
     (training graphs have no carved nodes, so each owner counts its whole bytes)."""
-    return sum(
-        g[o].bytes for o in {g.storage_owner[v] for v in g.resident_inputs + list(g.outputs)}
-    )
+    held = g.resident_inputs + list(g.outputs) + [n.id for n in g if n.kind is NodeKind.TANGENT]
+    return sum(g[o].bytes for o in {g.storage_owner[v] for v in held})
 
 
-@pytest.mark.xfail(
-    strict=True, reason="expectations predate holding tangents until the backward ends; to update"
-)
 @PROPERTY
 @given(training_graphs(), st.sampled_from([None, 20.0]), st.floats(0.2, 1.1))
 def test_every_solver_schedule_is_accepted_by_the_simulator(g, bandwidth, share):
@@ -220,6 +258,8 @@ def test_every_solver_schedule_is_accepted_by_the_simulator(g, bandwidth, share)
         trace = simulate(g, result.schedule, bandwidth=bandwidth)  # raises if invalid
         assert min(trace.live) >= 0, name
         assert trace.live[-1] == _end_bytes(g), name
+        freed = {g[s.node].kind for s in result.schedule.steps if isinstance(s, Free)}
+        assert NodeKind.TANGENT not in freed, name
         if result.status in {"optimal", "feasible"}:
             assert trace.peak <= budget, name
             if budget < full:

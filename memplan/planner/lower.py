@@ -52,6 +52,22 @@ class Lowered:
         return digest.hexdigest()[:16]
 
 
+def drop_checked_asserts(joint: fx.GraphModule) -> None:
+    """Erase the joint graph's metadata assertions (`aten._assert_tensor_metadata`, which
+    torch.export leaves around dtype casts): they return nothing, and tracing on the example
+    inputs already checked them. A planned module only runs on inputs of those shapes and
+    dtypes, so they would check nothing new, and they carry no value to plan."""
+    for node in list(joint.graph.nodes):
+        target = node.target
+        if (
+            node.op == "call_function"
+            and isinstance(target, torch._ops.OpOverload)
+            and target.name().startswith("aten::_assert_tensor_metadata")
+            and not node.users
+        ):
+            joint.graph.erase_node(node)
+
+
 def lower(
     joint: fx.GraphModule,
     num_fwd_outputs: int,

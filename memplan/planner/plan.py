@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import tempfile
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 import torch.fx as fx
@@ -22,7 +24,7 @@ import torch.fx as fx
 from memplan.errors import InfeasibleBudget, MemplanError, PlanFileError
 from memplan.graph import Budget, Decision, Graph, Schedule, SolveResult, format_bytes
 from memplan.passes.rewrite import rewrite
-from memplan.planner.lower import DEFAULT_OFFLOAD_THRESHOLD, Lowered, lower
+from memplan.planner.lower import DEFAULT_OFFLOAD_THRESHOLD, Lowered, drop_checked_asserts, lower
 from memplan.planner.profile import ProfileCache, profile_graph
 from memplan.planner.simulate import MemoryTrace, simulate
 from memplan.solvers import SolverOptions, get_solver
@@ -98,17 +100,34 @@ class Plan:
 
     @classmethod
     def from_json(cls, data: object) -> Plan:
-        if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
+        """The plan that to_json wrote, each field checked against the type it holds.
+
+        A plan file is edited and passed around by people, and a field of the wrong type
+        would otherwise surface far away (a TypeError in a report, a silent misplot), so
+        any mismatch is a PlanFileError naming the field. Integer fields take JSON integers
+        only (not 1.5, not true); time fields take any finite number and store a float.
+        Keys the plan does not know are ignored, so that newer files still load.
+        """
+        version = data.get("format") if isinstance(data, dict) else None
+        if not (isinstance(data, dict) and _is_int(version) and version == PLAN_FORMAT):
             raise PlanFileError("not a memplan plan (missing or unknown 'format')")
-        names = {f.name for f in dataclasses.fields(cls)}
-        missing = sorted(names - data.keys())
+        names = [f.name for f in dataclasses.fields(cls)]
+        missing = sorted(set(names) - data.keys())
         if missing:
             raise PlanFileError(f"plan is missing fields: {', '.join(missing)}")
-        plan = cls(**{k: data[k] for k in names})
-        bad = {d for d in plan.decisions.values() if d not in {x.value for x in Decision}}
-        if bad:
-            raise PlanFileError(f"plan has unknown decisions: {', '.join(sorted(bad))}")
-        return plan
+        fields: dict[str, Any] = {}
+        for name in names:
+            try:
+                fields[name] = _PLAN_FIELDS[name](data[name])
+            except _Mismatch as mismatch:
+                raise PlanFileError(f"plan field {name!r} {mismatch}") from None
+        for steps, times in (("timeline", "clock"), ("unplanned_timeline", "unplanned_clock")):
+            if len(fields[steps]) != len(fields[times]):
+                raise PlanFileError(
+                    f"plan fields {steps!r} and {times!r} differ in length "
+                    f"({len(fields[steps])} and {len(fields[times])}): one entry per step each"
+                )
+        return cls(**fields)
 
     def save(self, path: str | Path) -> None:
         """Write the plan as JSON atomically: a reader never sees half a file."""
@@ -136,6 +155,124 @@ class Plan:
             return cls.from_json(data)
         except TypeError as error:
             raise PlanFileError(f"{path}: malformed plan ({error})") from None
+
+
+# --- checking a plan file's fields (Plan.from_json) -------------------------------------
+
+
+class _Mismatch(Exception):
+    """A plan field's value is not of the field's type; the message says what it must be."""
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    """A JSON integer: an int that is not a bool (json loads true as True, an int)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shown(value: object) -> str:
+    """repr(value), cut short so that an error about a long list stays one line."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise _Mismatch(f"must be a string, got {_shown(value)}")
+    return value
+
+
+def _count(value: object) -> int:
+    """Bytes or a step index: a non-negative JSON integer."""
+    if not (_is_int(value) and value >= 0):
+        raise _Mismatch(f"must be a non-negative integer, got {_shown(value)}")
+    return value
+
+
+def _seconds(value: object) -> float:
+    """A time: a finite non-negative number (JSON writes 2.0 as 2.0, but people write 2)."""
+    try:
+        seconds = float(value) if _is_int(value) or isinstance(value, float) else math.nan
+    except OverflowError:  # an integer too large for a float
+        seconds = math.inf
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise _Mismatch(f"must be a finite non-negative number, got {_shown(value)}")
+    return seconds
+
+
+def _list_of(item: Callable[[object], Any], what: str) -> Callable[[object], list[Any]]:
+    """A check for a JSON list whose every item passes `item`."""
+
+    def check(value: object) -> list[Any]:
+        if not isinstance(value, list):
+            raise _Mismatch(f"must be a list of {what}, got {_shown(value)}")
+        out = []
+        for index, entry in enumerate(value):
+            try:
+                out.append(item(entry))
+            except _Mismatch:
+                raise _Mismatch(
+                    f"must be a list of {what}; item {index} is {_shown(entry)}"
+                ) from None
+        return out
+
+    return check
+
+
+def _names_to(item: Callable[[object], Any], what: str) -> Callable[[object], dict[str, Any]]:
+    """A check for a JSON object from tensor names to values that pass `item`."""
+
+    def check(value: object) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise _Mismatch(f"must map tensor names to {what}, got {_shown(value)}")
+        out = {}
+        for key, entry in value.items():
+            try:
+                out[_text(key)] = item(entry)
+            except _Mismatch:
+                raise _Mismatch(
+                    f"must map tensor names to {what}; {_shown(key)} maps to {_shown(entry)}"
+                ) from None
+        return out
+
+    return check
+
+
+def _decision(value: object) -> str:
+    if not (isinstance(value, str) and value in _DECISIONS):
+        raise _Mismatch(f"must be one of {_DECISION_NAMES}, got {_shown(value)}")
+    return value
+
+
+def _options(value: object) -> dict[str, Any]:
+    if not (isinstance(value, dict) and all(isinstance(key, str) for key in value)):
+        raise _Mismatch(f"must be an object, got {_shown(value)}")
+    return value
+
+
+_DECISIONS = tuple(d.value for d in Decision)
+_DECISION_NAMES = ", ".join(_DECISIONS[:-1]) + f" or {_DECISIONS[-1]}"
+# One check per Plan field: each returns the value as the Plan holds it or raises _Mismatch.
+_PLAN_FIELDS: dict[str, Callable[[object], Any]] = {
+    "name": _text,
+    "solver": _text,
+    "status": _text,
+    "device": _text,
+    "budget": _count,
+    "unplanned_peak": _count,
+    "predicted_peak": _count,
+    "unplanned_time": _seconds,
+    "predicted_time": _seconds,
+    "solve_seconds": _seconds,
+    "fingerprint": _text,
+    "decisions": _names_to(_decision, _DECISION_NAMES),
+    "tensor_bytes": _names_to(_count, "non-negative integers"),
+    "timeline": _list_of(_count, "non-negative integers"),
+    "clock": _list_of(_seconds, "finite non-negative numbers"),
+    "unplanned_timeline": _list_of(_count, "non-negative integers"),
+    "unplanned_clock": _list_of(_seconds, "finite non-negative numbers"),
+    "backward_start": _count,
+    "options": _options,
+}
 
 
 def plan_graph(
@@ -268,6 +405,7 @@ class Partitioner:
     def __call__(
         self, joint: fx.GraphModule, joint_inputs: object, *, num_fwd_outputs: int, **_: object
     ) -> tuple[fx.GraphModule, fx.GraphModule]:
+        drop_checked_asserts(joint)
         joint.graph.eliminate_dead_code()
         name = self.name if not self.plans else f"{self.name}.{len(self.plans)}"
         lowered = lower(

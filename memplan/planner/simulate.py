@@ -1,9 +1,10 @@
 """The simulator: the single judge of a Schedule's validity, peak memory and step time.
 
-Memory is counted per storage, as the device allocator sees it: a storage is live while
-any node that lives in it (its owner, a view of it) has a device copy. Offloads and
-prefetches run on one copy stream that overlaps compute at a given host link bandwidth.
-No torch here: solvers call it too.
+Memory is counted per storage instance, as the device allocator sees it: each allocation
+(a Compute of a storage owner, a Prefetch) opens an instance, views join the instance of
+what they are made from, and the instance's bytes are freed when its last member dies.
+Offloads and prefetches run on one copy stream that overlaps compute at a given host link
+bandwidth. No torch here: solvers call it too.
 """
 
 from __future__ import annotations
@@ -32,7 +33,14 @@ class MemoryTrace:
 
 
 class _State:
-    """Mutable bookkeeping of one simulation run."""
+    """Mutable bookkeeping of one simulation run.
+
+    Bytes are accounted per storage *instance*, not per storage owner: recomputing (or
+    prefetching) an owner while an old view of its previous copy is still alive makes a fresh
+    allocation, separate from the old one the view pins. So each allocation opens an
+    instance; a view joins the instance of the copy it is made from; an instance's bytes are
+    released when its last member (the allocating copy or any view of it) is freed.
+    """
 
     def __init__(self, graph: Graph, bandwidth: float | None) -> None:
         self.graph = graph
@@ -40,8 +48,11 @@ class _State:
         self.owner = graph.storage_owner
         self.resident: set[int] = set()  # nodes with a usable device copy
         self.in_flight: dict[int, float] = {}  # prefetching node -> landing time
-        self.members: dict[int, int] = {}  # storage owner -> live copies in it
-        self.account: dict[int, int] = {}  # storage owner -> bytes it holds now
+        self.instance: dict[int, int] = {}  # node with a device copy -> its storage instance
+        self.members: dict[int, int] = {}  # live storage instance -> live copies in it
+        self.account: dict[int, int] = {}  # live storage instance -> bytes it holds now
+        self.newest: dict[int, int] = {}  # storage owner -> the last instance opened for it
+        self.opened = 0  # storage instances opened so far (the next one's id)
         self.host_ready: dict[int, float] = {}  # offloaded node -> time its host copy is whole
         self.offload_end: dict[int, float] = {}  # device copy busy being read until then
         self.memory = 0
@@ -49,19 +60,37 @@ class _State:
         self.copy_free = 0.0
         self.stall = 0.0
 
-    def hold(self, node: int, new_bytes: int) -> None:
-        owner = self.owner[node]
-        if self.members.get(owner, 0) == 0:
-            self.account[owner] = 0
-        self.members[owner] = self.members.get(owner, 0) + 1
-        self.account[owner] += new_bytes
+    def hold(self, node: int, new_bytes: int, instance: int | None = None) -> None:
+        """Give `node` a device copy in `instance`, or in a new instance if None."""
+        if instance is None:
+            instance, self.opened = self.opened, self.opened + 1
+            self.members[instance], self.account[instance] = 0, 0
+            self.newest[self.owner[node]] = instance
+        self.instance[node] = instance
+        self.members[instance] += 1
+        self.account[instance] += new_bytes
         self.memory += new_bytes
 
     def release(self, node: int) -> None:
-        owner = self.owner[node]
-        self.members[owner] -= 1
-        if self.members[owner] == 0:
-            self.memory -= self.account.pop(owner)
+        instance = self.instance.pop(node)
+        self.members[instance] -= 1
+        if self.members[instance] == 0:
+            del self.members[instance]
+            self.memory -= self.account.pop(instance)
+
+    def view_instance(self, v: int) -> int | None:
+        """The live storage instance view `v` joins when it is made now, None if there is none.
+
+        That of the first input in v's storage with a device copy (a view is made from its
+        first such input; lowered graphs name the owner as `alias_of` even for a view of a
+        view), else that of `alias_of`, else the newest instance of the storage if still live.
+        """
+        node = self.graph[v]
+        for source in (*node.inputs, node.alias_of):
+            if source in self.instance and self.owner[source] == self.owner[v]:
+                return self.instance[source]
+        newest = self.newest.get(self.owner[v])
+        return newest if newest in self.members else None
 
     def transfer(self, node: int, ready: float) -> float:
         """Queue a copy of the node's storage on the copy stream; return when it ends."""
@@ -85,7 +114,10 @@ def simulate(
     state = _State(graph, bandwidth)
     for v in graph.resident_inputs:
         state.resident.add(v)
-        state.hold(v, graph[v].bytes if graph[v].alias_of is None else 0)
+        if graph[v].alias_of is None:
+            state.hold(v, graph[v].bytes)
+        else:
+            state.hold(v, 0, state.view_instance(v))
     baseline = state.memory
     peak, peak_step, live_at_peak = baseline, -1, frozenset(state.resident)
     live: list[int] = []
@@ -123,7 +155,7 @@ def simulate(
             if step.node in state.resident or step.node in state.in_flight:
                 raise InvalidSchedule(f"{where}: prefetches a node already on the device")
             state.in_flight[step.node] = state.transfer(step.node, state.host_ready[step.node])
-            state.hold(step.node, node.bytes)
+            state.hold(step.node, node.bytes)  # lands in a fresh allocation
         elif isinstance(step, Wait):
             if step.node not in state.in_flight:
                 raise InvalidSchedule(f"{where}: waits on a node with no prefetch in flight")
@@ -166,19 +198,23 @@ def _compute(state: _State, v: int, where: str) -> None:
         if source not in state.resident:
             raise InvalidSchedule(f"{where}: input {graph[source].name} is not on the device")
     if node.carved_from is not None:
-        parent = state.owner[node.carved_from]
+        # A carved output owns its bytes: they move out of the producer's current instance
+        # into a new instance of the carved node's own.
         if node.carved_from not in state.resident:
+            parent = state.owner[node.carved_from]
             raise InvalidSchedule(f"{where}: carved from {graph[parent].name}, which is absent")
-        taken = min(node.bytes, state.account[parent])
-        state.account[parent] -= taken
+        parent_instance = state.instance[node.carved_from]
+        taken = min(node.bytes, state.account[parent_instance])
+        state.account[parent_instance] -= taken
         state.memory -= taken
         state.hold(v, taken)
     elif node.alias_of is not None:
-        if state.members.get(state.owner[v], 0) == 0:
+        instance = state.view_instance(v)
+        if instance is None:
             raise InvalidSchedule(f"{where}: views storage of {graph[state.owner[v]].name}, freed")
-        state.hold(v, 0)
+        state.hold(v, 0, instance)
     else:
-        state.hold(v, node.bytes)
+        state.hold(v, node.bytes)  # a fresh allocation, even if old views pin an older copy
     state.resident.add(v)
     if node.kind is NodeKind.COMPUTE:
         state.now += node.time

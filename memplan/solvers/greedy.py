@@ -29,12 +29,21 @@ _CANDIDATES_PER_ROUND = 64
 def solve(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
     """Descend from two starting points, keep-all and Chen's sqrt(n) checkpoints, and
     return the fastest schedule within the budget (or the least peak, when minimizing or
-    when neither fits)."""
+    when none fits).
+
+    Each descent releases storages cheapest per byte first. Where that does not reach the
+    budget (or when minimizing), descents that release the largest storages first run
+    too: cheap releases can strand the peak where only costly ones remain, and which of
+    the two orders gets lower depends on the profiled times.
+    """
     started = time.perf_counter()
     deadline = started + options.time_limit
     target = 0 if options.minimize_memory else budget
     starts = [{v: Decision.KEEP for v in graph.saved_candidates}, sqrt_decisions(graph)]
-    runs = [_descend(graph, start, target, deadline, options) for start in starts]
+    orders = [_cost_per_byte] + ([_largest_first] if options.minimize_memory else [])
+    runs = [_descend(graph, s, target, deadline, options, o) for o in orders for s in starts]
+    if not options.minimize_memory and all(r.trace.peak > budget for r in runs):
+        runs += [_descend(graph, s, target, deadline, options, _largest_first) for s in starts]
     fitting = [r for r in runs if r.trace.peak <= budget and not options.minimize_memory]
     if fitting:
         chosen = min(fitting, key=lambda r: (r.trace.time, r.trace.peak))
@@ -69,6 +78,7 @@ def _descend(
     target: int,
     deadline: float,
     options: SolverOptions,
+    order: _Order,
 ) -> _Run:
     """Release the cheapest storage live at the peak until the peak is within `target`."""
     groups = _saved_storages(graph)
@@ -81,7 +91,7 @@ def _descend(
         if time.perf_counter() > deadline:
             best.timed_out = True
             break
-        move = _cheapest_release(graph, decisions, trace, groups, tried, window, options)
+        move = _cheapest_release(graph, decisions, trace, groups, tried, window, options, order)
         if move is None:
             break
         owner, changes = move
@@ -141,8 +151,9 @@ def _cheapest_release(
     tried: set[int],
     window: dict[int, float],
     options: SolverOptions,
+    order: _Order,
 ) -> tuple[int, dict[int, Decision]] | None:
-    """The untried saved storage live at the peak with the least cost per byte, and the
+    """The untried saved storage live at the peak that ranks first by `order`, and the
     decisions that release it."""
     decision = decider(graph, decisions)
     live_owners = {graph.storage_owner[v] for v in trace.live_at_peak}
@@ -150,15 +161,27 @@ def _cheapest_release(
         (o for o in live_owners if o in groups and o not in tried),
         key=lambda o: (-graph[o].bytes, o),
     )[:_CANDIDATES_PER_ROUND]
-    best: tuple[float, int, dict[int, Decision]] | None = None
+    best: tuple[tuple[float, float], int, dict[int, Decision]] | None = None
     for owner in owners:
         kept = [v for v in groups[owner] if decisions.get(v) is Decision.KEEP]
         size = max(graph[owner].bytes, 1)
         for cost, changes in _release_options(graph, owner, kept, decision, window, options):
-            score = cost / size
+            score = order(cost, size)
             if best is None or score < best[0]:
                 best = (score, owner, changes)
     return None if best is None else (best[1], best[2])
+
+
+# How a descent ranks the ways to release a storage: (added seconds, bytes) -> lower first.
+_Order = Callable[[float, int], tuple[float, float]]
+
+
+def _cost_per_byte(cost: float, size: int) -> tuple[float, float]:
+    return (cost / size, -size)
+
+
+def _largest_first(cost: float, size: int) -> tuple[float, float]:
+    return (-size, cost)
 
 
 def _release_options(

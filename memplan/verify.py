@@ -1,0 +1,172 @@
+"""Check a plan on the real model: one planned training step against one eager step.
+
+A plan's predicted peak is a number a user launches a job on, so it is worth one step to
+confirm: the planned step's gradients must equal eager's, and its measured peak must be
+within the budget and near the prediction. `memplan plan --verify` and the benchmarks run
+this; it is also the API for checking a plan before a long job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from memplan import api
+from memplan.errors import MemplanError
+from memplan.planner.measure import measure_peak
+from memplan.planner.plan import Plan
+
+# Gradients of a recomputed graph are bit-identical in practice; the tolerance only absorbs
+# kernels that pick a different reduction order between runs.
+GRAD_RTOL = 1e-5
+GRAD_ATOL = 1e-6
+DEFAULT_TOLERANCE = 0.05  # measured peak vs predicted, as a fraction of the prediction
+_SCHEDULE_OPTIONS = ("offload", "bandwidth", "offload_threshold", "measure")
+
+
+@dataclass(frozen=True)
+class Verification:
+    """One planned step measured next to one eager step."""
+
+    budget: int
+    predicted_peak: int
+    measured_peak: int
+    eager_peak: int
+    method: str  # how the peaks were read: "tracker" on CPU, "cuda" on a GPU
+    max_grad_error: float  # largest absolute difference from eager's gradients
+    grads_match: bool
+    tolerance: float
+
+    @property
+    def prediction_error(self) -> float:
+        """(measured - predicted) / predicted."""
+        return self.measured_peak / self.predicted_peak - 1 if self.predicted_peak else 0.0
+
+    @property
+    def within_budget(self) -> bool:
+        return self.measured_peak <= self.budget
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.grads_match and self.within_budget and abs(self.prediction_error) <= self.tolerance
+        )
+
+    def problems(self) -> list[str]:
+        """What failed, one sentence each (empty when `ok`)."""
+        found = []
+        if not self.grads_match:
+            found.append(f"gradients differ from eager's by up to {self.max_grad_error:.3g}")
+        if not self.within_budget:
+            found.append(
+                f"measured peak {self.measured_peak} B is above the budget {self.budget} B"
+            )
+        if abs(self.prediction_error) > self.tolerance:
+            found.append(
+                f"measured peak {self.measured_peak} B is {self.prediction_error:+.1%} from "
+                f"the predicted {self.predicted_peak} B (tolerance {self.tolerance:.0%})"
+            )
+        return found
+
+
+def verify(
+    model: nn.Module,
+    example_inputs: Sequence[Any],
+    plan: Plan,
+    *,
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> Verification:
+    """Run one eager and one planned training step of `model(*example_inputs)` (a loss, or
+    outputs that are summed into one) and compare them.
+
+    The model's parameters, buffers and gradients are as before when this returns. Raises
+    PlanFileError if `plan` was made for another model.
+    """
+    device = _device_of(model, example_inputs)
+    # Both steps run on `model` itself, from the same state, which is restored afterwards:
+    # a deep copy would not do, as it can untie weights that share storage.
+    state = {k: t.detach().clone() for k, t in model.state_dict(keep_vars=True).items()}
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    resident = _resident(model, example_inputs)
+    try:
+        _reset(model, state)
+        eager_peak = measure_peak(
+            _training_step(model, example_inputs), resident=resident, device=device
+        )
+        eager_grads = {n: p.grad for n, p in model.named_parameters()}
+        _reset(model, state)
+        # The options that shape the graph and the schedule are the plan's own.
+        same = {k: plan.options[k] for k in _SCHEDULE_OPTIONS if k in plan.options}
+        planned = api.optimize(
+            model, example_inputs, plan.budget, plan.solver, reuse=plan, progress=False, **same
+        )
+        measured = measure_peak(
+            _training_step(planned, example_inputs), resident=resident, device=device
+        )
+        error, match = _compare_grads(model, eager_grads)
+    finally:
+        _reset(model, state)
+        for name, param in model.named_parameters():
+            param.grad = grads[name]
+    return Verification(
+        budget=plan.budget,
+        predicted_peak=plan.predicted_peak,  # the number in the plan, not a fresh one
+        measured_peak=measured.peak_bytes,
+        eager_peak=eager_peak.peak_bytes,
+        method=measured.method,
+        max_grad_error=error,
+        grads_match=match,
+        tolerance=tolerance,
+    )
+
+
+def _training_step(model: nn.Module, inputs: Sequence[Any]) -> Any:
+    def step() -> None:
+        out = model(*inputs)
+        if not isinstance(out, torch.Tensor):
+            raise MemplanError(
+                f"verify needs the model to return a tensor, got {type(out).__name__}"
+            )
+        (out if out.ndim == 0 else out.sum()).backward()
+
+    return step
+
+
+def _resident(model: nn.Module, inputs: Sequence[Any]) -> list[torch.Tensor]:
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+    return [*model.parameters(), *model.buffers(), *tensors]
+
+
+def _device_of(model: nn.Module, inputs: Sequence[Any]) -> torch.device:
+    for t in [*model.parameters(), *(x for x in inputs if isinstance(x, torch.Tensor))]:
+        return t.device
+    return torch.device("cpu")
+
+
+def _reset(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Put `state` back into the model's own tensors and clear its gradients."""
+    with torch.no_grad():
+        for key, tensor in model.state_dict(keep_vars=True).items():
+            tensor.copy_(state[key])
+    for param in model.parameters():
+        param.grad = None
+
+
+def _compare_grads(
+    model: nn.Module, expected: dict[str, torch.Tensor | None]
+) -> tuple[float, bool]:
+    """The largest absolute gradient difference from `expected`, and whether all are allclose."""
+    worst, match = 0.0, True
+    for name, param in model.named_parameters():
+        want = expected[name]
+        if (param.grad is None) != (want is None):
+            return float("inf"), False
+        if param.grad is None or want is None:
+            continue
+        worst = max(worst, (param.grad - want).abs().max().item())
+        match &= torch.allclose(param.grad, want, rtol=GRAD_RTOL, atol=GRAD_ATOL)
+    return worst, match
