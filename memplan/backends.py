@@ -14,20 +14,20 @@ from typing import Any
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
-from torch._functorch.aot_autograd import boxed_nop_preserve_node_meta
 
 from memplan.errors import MemplanError
 from memplan.graph import Budget
+from memplan.planner.capture import boxed_runner
 from memplan.planner.plan import Partitioner, Plan, PlanOptions
 
 INNER_COMPILERS = ("eager", "inductor")
 
 
 def _eager(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-    # The runner the API path uses too: it takes its inputs as a list it clears, and drops
-    # each value after its last use, so saved activations die where the plan frees them.
-    # (`make_boxed_func(gm.forward)` would hold every input until the graph returns.)
-    return boxed_nop_preserve_node_meta(gm, example_inputs)
+    # The runner the API path uses: it frees each value after its last use, so saved
+    # activations die where the plan frees them. (`make_boxed_func(gm.forward)` would
+    # hold every input until the graph returns.)
+    return boxed_runner(gm, example_inputs)
 
 
 def _inductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:

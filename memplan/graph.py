@@ -10,11 +10,13 @@ import dataclasses
 import enum
 import math
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
 from functools import cached_property
+from pathlib import Path
+from typing import Any
 
 from memplan.errors import BudgetError, GraphError
 
@@ -69,12 +71,14 @@ class Graph:
     """A DAG of Nodes whose ids are 0..n-1 in a topological (reference) order.
 
     `outputs` stay resident until the end of the step (forward outputs held by the caller
-    and the gradients the backward produces).
+    and the gradients the backward produces). `source_ids`, when set, maps each id to the
+    node's id in the file it was loaded from (see load_node_link).
     """
 
     nodes: tuple[Node, ...]
     outputs: tuple[int, ...] = ()
     name: str = "graph"
+    source_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for index, node in enumerate(self.nodes):
@@ -90,6 +94,8 @@ class Graph:
                     raise GraphError(f"node {node.name!r} has {what}={ref}, not an earlier node")
             if node.bytes < 0 or not math.isfinite(node.time) or node.time < 0:
                 raise GraphError(f"node {node.name!r} has negative bytes or time")
+        if self.source_ids and len(self.source_ids) != len(self.nodes):
+            raise GraphError("source_ids must name every node")
         for out in self.outputs:
             if not 0 <= out < len(self.nodes):
                 raise GraphError(f"output {out} is not a node id")
@@ -316,6 +322,14 @@ def with_frees(graph: Graph, steps: Iterable[Step], keep: Iterable[int] = ()) ->
         out.append(step)
         out.extend(Free(v) for v in sorted(free_after.get(index, ())))
     return out
+
+
+def load_node_link(source: str | Path | Mapping[str, Any]) -> Graph:
+    """A benchmark graph of the literature (networkx node-link JSON, a path or parsed data)
+    as a Graph in its reference order; see memplan.node_link."""
+    from memplan.node_link import load_node_link as load  # it builds on this module
+
+    return load(source)
 
 
 # --- budgets ---------------------------------------------------------------------------

@@ -113,7 +113,7 @@ def test_torch_compile_runs_the_same_plan_as_the_api(name: str) -> None:
     expected = eager_grads(example)
     with pytest.raises(InfeasibleBudget) as info:
         memplan.optimize(copy.deepcopy(example.model), example.inputs, budget=1, progress=False)
-    for budget in ["100%", "50%", info.value.smallest_feasible]:
+    for budget in ["100%", "70%", "50%", info.value.smallest_feasible]:
         torch._dynamo.reset()
         backend = memplan.backend(budget=budget, progress=False)
         compiled_model = copy.deepcopy(example.model)

@@ -287,15 +287,15 @@ def test_carved_from_an_absent_producer():
 # --- offload and prefetch timing ---------------------------------------------------------
 
 
-def transfer_graph() -> Graph:
-    """p (param, 100 B); a = f(p) 10 B 1 s; b = g(a) 10 B 2 s; d = h(b) 10 B 1 s;
-    c = k(a, d) 10 B 1 s (output). Compute alone takes 5 s."""
+def transfer_graph(middle_bytes: int = 10) -> Graph:
+    """p (param, 100 B); a = f(p) 10 B 1 s; b = g(a) 2 s; d = h(b) 1 s (b and d of
+    `middle_bytes` each); c = k(a, d) 10 B 1 s (output). Compute alone takes 5 s."""
     return Graph(
         nodes=(
             Node(0, "p", "param", bytes=100, kind=PARAM),
             Node(1, "a", "f", (0,), bytes=10, time=1.0),
-            Node(2, "b", "g", (1,), bytes=10, time=2.0),
-            Node(3, "d", "h", (2,), bytes=10, time=1.0),
+            Node(2, "b", "g", (1,), bytes=middle_bytes, time=2.0),
+            Node(3, "d", "h", (2,), bytes=middle_bytes, time=1.0),
             Node(4, "c", "k", (1, 3), bytes=10, time=1.0),
         ),
         outputs=(4,),
@@ -358,16 +358,7 @@ def test_copies_queue_on_one_stream():
 
 
 def test_offload_lowers_the_peak_at_the_cost_of_a_stall():
-    g = Graph(
-        nodes=(
-            Node(0, "p", "param", bytes=100, kind=PARAM),
-            Node(1, "a", "f", (0,), bytes=10, time=1.0),
-            Node(2, "b", "g", (1,), bytes=50, time=2.0),
-            Node(3, "d", "h", (2,), bytes=50, time=1.0),
-            Node(4, "c", "k", (1, 3), bytes=10, time=1.0),
-        ),
-        outputs=(4,),
-    )
+    g = transfer_graph(middle_bytes=50)
     keep = run(g, *with_frees(g, [C(1), C(2), C(3), C(4)]))
     # p 100; +a 110; +b 160; +d 210 (the peak: p, a, b, d); -b 160; +c 170
     assert (keep.peak, keep.time) == (210, 5.0)

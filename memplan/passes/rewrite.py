@@ -57,8 +57,8 @@ def _drop_unused_outputs(graph: fx.Graph) -> None:
     """Erase outputs taken from a multi-output op that nothing reads.
 
     The schedule takes every output of such an op at once, so that its result dies at once;
-    one that is never read is dropped there. fx's Interpreter keeps a value nobody reads
-    until the graph returns, so leaving one in would keep its tensor alive that long.
+    one that nobody reads would be a dead line in the generated code (and a runner such as
+    fx's Interpreter would keep its tensor alive until the graph returns).
     """
     for node in reversed(graph.nodes):
         if node.op == "call_function" and node.target is operator.getitem and not node.users:

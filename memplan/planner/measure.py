@@ -160,8 +160,9 @@ def measure_peak(
 ) -> Measurement:
     """Run `step()` once and read its peak memory with `method`.
 
-    - "cuda": `max_memory_allocated` after a reset: everything the caching allocator hands
-      out on the device, resident tensors and kernel workspaces included.
+    - "cuda": `max_memory_allocated` after a reset, above the level at the step's start,
+      plus the resident storages: everything the caching allocator hands out during the
+      step, kernel workspaces included.
     - "tracker": a LiveStorageTracker: resident storages plus op outputs. Compiled code
       run inside it falls back to eager, so use it only for graphs memplan runs eagerly.
     - "allocator": the profiler's allocation events summed in time order: the peak above
@@ -205,9 +206,13 @@ def _measure_cuda(
     if device.type != "cuda":
         raise ValueError(f"measure method 'cuda' needs a CUDA device, got {device}")
     torch.cuda.synchronize(device)
+    # Memory held before the step that is not among its resident tensors (another model,
+    # an optimizer's state, cuBLAS's workspace from earlier steps) is not the step's.
+    start = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
     seconds = _timed(step, device)
-    return torch.cuda.max_memory_allocated(device), seconds
+    above_start = torch.cuda.max_memory_allocated(device) - start
+    return _resident_bytes(resident, device) + above_start, seconds
 
 
 def _measure_tracker(
@@ -249,8 +254,12 @@ def _measure_allocator(
             continue
         level += nbytes
         peak = max(peak, level)
-    baseline = LiveStorageTracker(resident, device=device).current
-    return baseline + peak, seconds
+    return _resident_bytes(resident, device) + peak, seconds
+
+
+def _resident_bytes(resident: Sequence[torch.Tensor], device: torch.device) -> int:
+    """Bytes of the distinct storages of `resident` on `device`."""
+    return LiveStorageTracker(resident, device=device).current
 
 
 # A method runs the step once and returns (peak bytes, wall seconds).
