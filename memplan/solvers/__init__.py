@@ -14,6 +14,9 @@ from memplan.errors import UnknownSolver
 from memplan.graph import Graph, SolveResult
 
 
+PROBLEMS = ("training", "general")
+
+
 @dataclass(frozen=True)
 class SolverOptions:
     """Options every solver accepts; the same fields are CLI flags and part of a plan's key."""
@@ -22,6 +25,15 @@ class SolverOptions:
     time_limit: float = 60.0
     bandwidth: float | None = None  # host link bytes/s; None forbids offloading
     minimize_memory: bool = False  # ignore the budget and find the least peak
+    # "training": a joint graph from the pipeline; the forward runs once and each saved
+    # tensor is kept, recomputed before its backward use or offloaded (solvers/training.py).
+    # "general": the literature's problem on any DAG: a node may be recomputed at any
+    # point; the schedule is remat.to_schedule(sequence) (memplan/remat.py).
+    problem: str = "training"
+
+    def __post_init__(self) -> None:
+        if self.problem not in PROBLEMS:
+            raise ValueError(f"problem must be one of {PROBLEMS}, got {self.problem!r}")
 
     def to_json(self) -> dict[str, object]:
         return dict(self.__dict__)

@@ -1,0 +1,93 @@
+"""The general rematerialization problem of the literature (Checkmate, Moccasin, POET).
+
+A schedule is a sequence of node ids in which a node may appear more than once (a
+recomputation). Computing v reads the most recent copy of each of its inputs, which must
+exist. A copy is resident from the step that computes it through the last step that
+reads it (only its own step if nothing reads it); the peak is the largest sum of resident
+copies over the steps, and the duration the sum of the computed nodes' times. Every node
+is computed at least once. These are the scoring rules of ../shared/graphs/README.md.
+
+`score` implements them on its own, so that it can check the simulator, which judges the
+same sequence once `to_schedule` has put a Free after each copy's last read.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+from memplan.errors import InvalidSchedule
+from memplan.graph import Budget, Compute, Graph, Schedule, with_frees
+
+
+@dataclass(frozen=True)
+class Score:
+    """A sequence's peak memory (bytes) and duration (the graph's time unit)."""
+
+    peak: int
+    duration: float
+
+
+def score(graph: Graph, sequence: Sequence[int]) -> Score:
+    """Peak and duration of `sequence` by the literature's rules; InvalidSchedule if a node
+    reads an input never computed before it, an id is unknown, or a node is never computed."""
+    n = len(graph)
+    latest: dict[int, int] = {}  # node -> step of its most recent copy
+    last_read: list[int] = []  # per step: the last step that reads the copy made there
+    duration = 0.0
+    for step, v in enumerate(sequence):
+        if not (isinstance(v, int) and 0 <= v < n):
+            raise InvalidSchedule(f"step {step}: unknown node id {v!r}")
+        for u in graph[v].inputs:
+            if u not in latest:
+                raise InvalidSchedule(
+                    f"step {step}: {graph[v].name} reads {graph[u].name}, not computed before"
+                )
+            last_read[latest[u]] = step
+        latest[v] = step
+        last_read.append(step)
+        duration += graph[v].time
+    if len(latest) < n:
+        missing = next(v for v in range(n) if v not in latest)
+        raise InvalidSchedule(f"{graph[missing].name} is never computed")
+    # Memory over steps as a difference array: a copy adds its bytes from its step through
+    # its last read.
+    change = [0] * (len(sequence) + 1)
+    for step, v in enumerate(sequence):
+        change[step] += graph[v].bytes
+        change[last_read[step] + 1] -= graph[v].bytes
+    peak = memory = 0
+    for delta in change[:-1]:
+        memory += delta
+        peak = max(peak, memory)
+    return Score(peak=peak, duration=duration)
+
+
+def reference(graph: Graph) -> Score:
+    """The graph's own topological order, with no recomputation: P0 and D0."""
+    return score(graph, range(len(graph)))
+
+
+def to_schedule(graph: Graph, sequence: Sequence[int]) -> Schedule:
+    """The sequence as a Schedule the simulator judges: each copy freed after its last read."""
+    return Schedule(steps=tuple(with_frees(graph, [Compute(v) for v in sequence])))
+
+
+def resolve_budget(graph: Graph, budget: str | float) -> int:
+    """Bytes for a budget given as bytes or a size ("2e9", "2GiB"), or as a share of the
+    reference peak ("0.8", "80%"), rounded up as the published protocol does:
+    B = ceil(m * P0). A plain number up to 1 is a share; above 1, bytes."""
+    text = str(budget).strip()
+    try:
+        share: Fraction | None = Fraction(text)
+    except (ValueError, ZeroDivisionError):
+        share = None
+    if share is not None and 0 < share <= 1:
+        return math.ceil(share * reference(graph).peak)
+    parsed = Budget.parse(text)
+    if parsed.fraction is not None:
+        return math.ceil(Fraction(parsed.fraction) * reference(graph).peak)
+    assert parsed.bytes is not None
+    return parsed.bytes
