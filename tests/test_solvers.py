@@ -62,7 +62,13 @@ def test_solver_options_to_json():
     options = SolverOptions(seed=3, bandwidth=1e9)
     assert options.to_json() == {
         "seed": 3, "time_limit": 60.0, "bandwidth": 1e9, "minimize_memory": False,
+        "problem": "training",
     }  # fmt: skip
+
+
+def test_solver_options_name_a_known_problem():
+    with pytest.raises(ValueError, match="problem"):
+        SolverOptions(problem="scheduling")
 
 
 # --- decisions -> schedule -----------------------------------------------------------------
