@@ -16,9 +16,10 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from memplan import api, solvers
+from memplan import api, remat, solvers
 from memplan.errors import MemplanError, ModelFileError
-from memplan.graph import Budget
+from memplan.files import write_json_atomically
+from memplan.graph import Budget, format_bytes, load_node_link
 from memplan.planner import capture
 from memplan.planner.plan import Plan, PlanOptions
 from memplan.report import decision_table, plot_timeline, summary_table, verification_table
@@ -141,6 +142,40 @@ def build_parser() -> argparse.ArgumentParser:
     )
     show.set_defaults(command=_show)
 
+    solve = commands.add_parser(
+        "solve",
+        parents=[common],
+        help="solve a benchmark graph of the literature (node-link JSON) under a budget",
+        description="Solve the general rematerialization problem on a networkx node-link "
+        "graph (a node may be recomputed at any point) and write the schedule as JSON, "
+        "scored by the Checkmate/Moccasin rules.",
+    )
+    solve.add_argument("graph", type=Path, help="a node-link JSON file")
+    solve.add_argument(
+        "--budget",
+        required=True,
+        help="bytes ('2e9', '2GiB') or a share of the reference-order peak ('0.8', '80%%')",
+    )
+    solve.add_argument("--solver", default="keep_all", help="solver name (see `memplan solvers`)")
+    solve.add_argument(
+        "--time-limit",
+        type=_positive_float,
+        default=DEFAULTS.time_limit,
+        metavar="S",
+        help=f"solver time limit in seconds (default: {DEFAULTS.time_limit:g})",
+    )
+    solve.add_argument("--seed", type=int, default=DEFAULTS.seed, help="solver seed")
+    solve.add_argument(
+        "--bandwidth",
+        type=_positive_float,
+        metavar="BYTES_PER_S",
+        help="host link bandwidth: lets solvers that page move values to host memory",
+    )
+    solve.add_argument(
+        "-o", "--output", type=Path, required=True, help="where to write the schedule (JSON)"
+    )
+    solve.set_defaults(command=_solve)
+
     listing = commands.add_parser("solvers", parents=[common], help="list the solver names")
     listing.set_defaults(command=_solvers)
     return parser
@@ -188,6 +223,27 @@ def _show(args: argparse.Namespace, console: Console) -> int:
     if args.png is not None:
         plot_timeline(plan, args.png)
         console.print(f"wrote {args.png}")
+    return 0
+
+
+def _solve(args: argparse.Namespace, console: Console) -> int:
+    solve = solvers.get_solver(args.solver)
+    graph = load_node_link(args.graph)
+    budget = remat.resolve_budget(graph, args.budget)
+    options = solvers.SolverOptions(
+        seed=args.seed, time_limit=args.time_limit, bandwidth=args.bandwidth, problem="general"
+    )
+    result = solve(graph, budget, options)
+    report = remat.solved_schedule(graph, budget, result, bandwidth=args.bandwidth)
+    write_json_atomically(args.output, report)
+    reference = remat.reference(graph)
+    increase = (report["duration"] - reference.duration) / reference.duration
+    console.print(
+        f"{graph.name}: {report['status']} with {args.solver}, peak "
+        f"{format_bytes(report['peak'])} of budget {format_bytes(budget)}, duration "
+        f"{increase:+.2%} vs the reference order, solved in {result.solve_seconds:.2f} s"
+    )
+    console.print(f"wrote {args.output}")
     return 0
 
 

@@ -60,3 +60,7 @@ class UnknownSolver(MemplanError, KeyError):
 
 class MissingDependency(MemplanError, ImportError):
     """An optional library a solver needs is not installed."""
+
+
+class UnsupportedProblem(MemplanError):
+    """A solver was asked for a problem it does not solve (training vs general)."""

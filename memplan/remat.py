@@ -17,9 +17,22 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 from memplan.errors import InvalidSchedule
-from memplan.graph import Budget, Compute, Graph, Schedule, with_frees
+from memplan.graph import (
+    Budget,
+    Compute,
+    Free,
+    Graph,
+    Offload,
+    Prefetch,
+    Schedule,
+    SolveResult,
+    Wait,
+    with_frees,
+)
+from memplan.planner.simulate import simulate
 
 
 @dataclass(frozen=True)
@@ -91,3 +104,45 @@ def resolve_budget(graph: Graph, budget: str | float) -> int:
         return math.ceil(Fraction(parsed.fraction) * reference(graph).peak)
     assert parsed.bytes is not None
     return parsed.bytes
+
+
+def solved_schedule(
+    graph: Graph, budget: int, result: SolveResult, *, bandwidth: float | None = None
+) -> dict[str, Any]:
+    """The JSON a solve writes, once the simulator accepted the schedule.
+
+    `sequence` lists the computed nodes by the file's ids (a repeat is a recomputation), so
+    any scorer of the literature's rules can check it; a schedule with paging adds its
+    transfer steps, in order, as `steps`. InvalidSchedule if the simulator rejects the
+    schedule, or if the solver called it feasible and its peak is over the budget.
+    """
+    if result.schedule is None:
+        raise InvalidSchedule(f"solver {result.solver!r} returned no schedule ({result.status})")
+    trace = simulate(graph, result.schedule, bandwidth=bandwidth)
+    if result.status in ("optimal", "feasible") and trace.peak > budget:
+        raise InvalidSchedule(
+            f"solver {result.solver!r} reported {result.status} but its schedule peaks at "
+            f"{trace.peak} B, over the budget of {budget} B"
+        )
+    ids = graph.source_ids or tuple(range(len(graph)))
+    computes = result.schedule.computes()
+    report: dict[str, Any] = {
+        "graph": graph.name,
+        "budget": budget,
+        "solver": result.solver,
+        "sequence": [ids[v] for v in computes],
+        "peak": trace.peak,
+        "duration": sum(graph[v].time for v in computes) + trace.stall,
+        "status": result.status,
+        "solve_seconds": result.solve_seconds,
+    }
+    transfers = [s for s in result.schedule.steps if isinstance(s, (Offload, Prefetch, Wait))]
+    if transfers:
+        report["steps"] = [
+            [type(s).__name__.lower(), ids[s.node]]
+            for s in result.schedule.steps
+            if not isinstance(s, Free)
+        ]
+    if result.gap is not None:
+        report["gap"] = result.gap
+    return report

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -12,6 +10,7 @@ from matplotlib.figure import Figure
 from rich.markup import escape
 from rich.table import Table
 
+from memplan.files import write_atomically
 from memplan.graph import Decision, format_bytes
 from memplan.planner.plan import Plan
 from memplan.verify import Verification
@@ -161,7 +160,7 @@ def plot_timeline(
     axes.set_ylim(bottom=0)
     axes.grid(alpha=0.3)
     axes.legend(loc="best", fontsize="small")
-    _save_atomically(figure, Path(path))
+    write_atomically(path, lambda out: figure.savefig(out, format="png", dpi=120), binary=True)
 
 
 def _has_clock(clock: Sequence[float], timeline: Sequence[int]) -> bool:
@@ -173,15 +172,3 @@ def _xs(clock: Sequence[float], steps: int, use_clock: bool) -> list[float]:
     if use_clock:
         return [t * 1e3 for t in clock]
     return [float(i + 1) for i in range(steps)]
-
-
-def _save_atomically(figure: Figure, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    try:
-        with os.fdopen(handle, "wb") as out:
-            figure.savefig(out, format="png", dpi=120)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise

@@ -304,3 +304,37 @@ def test_verify_failure_exits_1(pt2, tmp_path, capsys, monkeypatch):
     argv = ["plan", str(pt2), "--budget", "80%", "--no-measure", "-o", str(tmp_path / "p.json")]
     assert main([*argv, "--verify"]) == 1
     assert "from the predicted" in capsys.readouterr().err
+
+
+def test_solve_writes_a_schedule_any_scorer_can_check(tmp_path, capsys):
+    graph_file = REPO / "benchmarks" / "graphs" / "checkmate_vgg16_b256_224x224_train.json"
+    out = tmp_path / "schedule.json"
+    argv = ["solve", str(graph_file), "--budget", "1.0", "--solver", "keep_all", "-o", str(out)]
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    assert report["graph"] == "checkmate_vgg16_b256_224x224_train"
+    assert report["sequence"] == list(range(45)) and report["status"] == "feasible"
+    assert (report["peak"], report["duration"]) == (15825108992, 15500)
+    assert report["budget"] == 15825108992
+    assert "feasible with keep_all" in capsys.readouterr().out
+
+
+def test_solve_errors_are_one_line(tmp_path, capsys):
+    graph_file = tmp_path / "cycle.json"
+    graph_file.write_text(
+        json.dumps(
+            {
+                "nodes": [{"id": 0, "cost_cpu": 1, "cost_ram": 1}],
+                "links": [{"source": 0, "target": 0}],
+            }
+        )
+    )
+    out = tmp_path / "schedule.json"
+    assert "cycle" in _error(capsys, ["solve", str(graph_file), "--budget", "0.8", "-o", str(out)])
+    assert not out.exists()
+    good = REPO.parent / "shared" / "graphs" / "random_layered_n100.json"
+    message = _error(
+        capsys, ["solve", str(good), "--budget", "0.8", "--solver", "greedy", "-o", str(out)]
+    )
+    assert "general problem" in message or "training" in message
+    assert not out.exists()

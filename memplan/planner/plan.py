@@ -10,8 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import tempfile
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +20,7 @@ import torch
 import torch.fx as fx
 
 from memplan.errors import InfeasibleBudget, MemplanError, PlanFileError
+from memplan.files import write_atomically
 from memplan.graph import Budget, Decision, Graph, Schedule, SolveResult, format_bytes
 from memplan.passes.rewrite import rewrite
 from memplan.planner.lower import DEFAULT_OFFLOAD_THRESHOLD, Lowered, drop_checked_asserts, lower
@@ -131,16 +130,7 @@ class Plan:
 
     def save(self, path: str | Path) -> None:
         """Write the plan as JSON atomically: a reader never sees half a file."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        try:
-            with os.fdopen(handle, "w") as out:
-                json.dump(self.to_json(), out)
-            os.replace(temporary, path)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
+        write_atomically(path, lambda out: json.dump(self.to_json(), out))
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:

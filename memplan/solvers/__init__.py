@@ -10,9 +10,8 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from memplan.errors import UnknownSolver
+from memplan.errors import UnknownSolver, UnsupportedProblem
 from memplan.graph import Graph, SolveResult
-
 
 PROBLEMS = ("training", "general")
 
@@ -60,3 +59,12 @@ def get_solver(name: str) -> Solver:
     module_name, function_name = REGISTRY[name].split(":")
     solver: Solver = getattr(importlib.import_module(module_name), function_name)
     return solver
+
+
+def require_problem(solver: str, options: SolverOptions, *supported: str) -> None:
+    """Raise UnsupportedProblem unless `options.problem` is one `solver` solves."""
+    if options.problem not in supported:
+        raise UnsupportedProblem(
+            f"solver {solver!r} solves the {' and '.join(supported)} problem only, "
+            f"not the {options.problem} one"
+        )

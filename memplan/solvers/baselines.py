@@ -5,20 +5,35 @@ from __future__ import annotations
 import math
 import time
 
+from memplan import remat
 from memplan.graph import Decision, Graph, SolveResult
 from memplan.planner.simulate import simulate
-from memplan.solvers import SolverOptions
+from memplan.solvers import SolverOptions, require_problem
 from memplan.solvers.training import build_schedule
 
 
 def keep_all(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
-    """Keep every tensor the backward reads: no recomputation, no offload."""
+    """Keep every tensor the backward reads: no recomputation, no offload. On the general
+    problem: the graph's reference order, each node computed once."""
+    started = time.perf_counter()
+    if options.problem == "general":
+        schedule = remat.to_schedule(graph, range(len(graph)))
+        reference = remat.reference(graph)
+        return SolveResult(
+            solver="keep_all",
+            status="feasible" if reference.peak <= budget else "infeasible",
+            schedule=schedule,
+            objective=reference.duration,
+            solve_seconds=time.perf_counter() - started,
+            options=options.to_json(),
+        )
     decisions = {v: Decision.KEEP for v in graph.saved_candidates}
-    return _result("keep_all", graph, budget, decisions, time.perf_counter(), options)
+    return _result("keep_all", graph, budget, decisions, started, options)
 
 
 def chen_sqrt(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
     """Chen et al. 2016's sqrt(n) checkpoints (see sqrt_decisions). Ignores the budget."""
+    require_problem("chen_sqrt", options, "training")
     started = time.perf_counter()
     return _result("chen_sqrt", graph, budget, sqrt_decisions(graph), started, options)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from memplan.errors import InvalidSchedule
 from memplan.graph import Decision, Graph, NodeKind, SolveResult
 from memplan.planner.simulate import MemoryTrace, simulate
-from memplan.solvers import SolverOptions
+from memplan.solvers import SolverOptions, require_problem
 from memplan.solvers.baselines import sqrt_decisions
 from memplan.solvers.training import build_schedule, decider
 
@@ -36,6 +36,7 @@ def solve(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
     too: cheap releases can strand the peak where only costly ones remain, and which of
     the two orders gets lower depends on the profiled times.
     """
+    require_problem("greedy", options, "training")
     started = time.perf_counter()
     deadline = started + options.time_limit
     target = 0 if options.minimize_memory else budget
