@@ -45,6 +45,9 @@ REGISTRY: dict[str, str] = {
     "keep_all": "memplan.solvers.baselines:keep_all",
     "chen_sqrt": "memplan.solvers.baselines:chen_sqrt",
     "greedy": "memplan.solvers.greedy:solve",
+    "chain_dp": "memplan.solvers.chain:chain_dp",
+    "linear": "memplan.solvers.chain:linear",
+    "director": "memplan.solvers.director:solve",
 }
 
 
