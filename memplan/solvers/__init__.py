@@ -48,6 +48,7 @@ REGISTRY: dict[str, str] = {
     "chain_dp": "memplan.solvers.chain:chain_dp",
     "linear": "memplan.solvers.chain:linear",
     "director": "memplan.solvers.director:solve",
+    "milp": "memplan.solvers.milp:solve",
 }
 
 
