@@ -65,20 +65,6 @@ def run_one(path: Path, share: str, solver: str, time_limit: float) -> Row:
                increase, result.gap, wall)  # fmt: skip
 
 
-def general_solvers() -> list[str]:
-    """The registered solvers that take the general problem."""
-    return [name for name in solvers.available() if _solves_general(name)]
-
-
-def _solves_general(name: str) -> bool:
-    tiny = load_node_link({"nodes": [{"id": 0, "cost_cpu": 1, "cost_ram": 1}], "links": []})
-    try:
-        solvers.get_solver(name)(tiny, 1, solvers.SolverOptions(problem="general", time_limit=1))
-    except MemplanError:
-        return False
-    return True
-
-
 def table(rows: list[Row], where: dict[str, object], time_limit: float) -> str:
     lines = [
         "## Results on the literature's graphs",
@@ -128,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shares", nargs="+", default=list(SHARES))
     parser.add_argument("--time-limit", type=float, default=60.0)
     args = parser.parse_args(argv)
-    names = args.solvers or general_solvers()
+    names = args.solvers or solvers.available("general")
     paths = sorted(GRAPHS.glob("*.json"))
     if args.graphs:
         paths = [p for p in paths if p.stem in set(args.graphs)]
@@ -151,9 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     payload = {"machine": where, "time_limit": args.time_limit, "rows": [asdict(r) for r in rows]}
     (RESULTS / "solvers.json").write_text(json.dumps(payload, indent=1))
     write_section(DOCS / "solvers.md", table(rows, where, args.time_limit))
-    console.print(
-        f"wrote benchmarks/results/solvers.json and docs/solvers.md ({len(rows)} runs)"
-    )
+    console.print(f"wrote benchmarks/results/solvers.json and docs/solvers.md ({len(rows)} runs)")
 
 
 if __name__ == "__main__":

@@ -249,7 +249,7 @@ def _solve(args: argparse.Namespace, console: Console) -> int:
 
 def _solvers(args: argparse.Namespace, console: Console) -> int:
     for name in solvers.available():
-        console.print(name)
+        console.print(f"{name:10} {' and '.join(solvers.REGISTRY[name][1])}")
     return 0
 
 

@@ -52,11 +52,12 @@ def small_graph() -> Graph:
 def test_ir_simulator_and_solvers_import_without_torch():
     code = (
         "import sys\n"
-        "import memplan.graph, memplan.planner.simulate, memplan.solvers\n"
+        "import memplan.graph, memplan.planner.simulate, memplan.solvers, memplan.remat\n"
+        "import memplan.node_link\n"
         "import memplan.solvers.training, memplan.solvers.baselines, memplan.solvers.greedy\n"
         "from memplan.solvers import REGISTRY\n"
         "import importlib\n"
-        "for target in REGISTRY.values():\n"
+        "for target, _ in REGISTRY.values():\n"
         "    importlib.import_module(target.split(':')[0])\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )

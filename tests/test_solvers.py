@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import chain_graph, training_graphs
 
-from memplan.errors import InvalidSchedule, UnknownSolver
+from memplan.errors import InvalidSchedule, UnknownSolver, UnsupportedProblem
 from memplan.graph import (
     Compute,
     Decision,
@@ -46,6 +46,20 @@ def test_registry_lists_and_loads_solvers():
     assert get_solver("keep_all") is keep_all
     assert get_solver("chen_sqrt") is chen_sqrt
     assert get_solver("greedy") is greedy
+
+
+def test_solvers_name_the_problems_they_solve():
+    assert {"keep_all", "greedy", "director"} <= set(available("training"))
+    assert {"keep_all", "cpsat", "milp", "director"} <= set(available("general"))
+    assert "greedy" not in available("general") and "cpsat" not in available("training")
+    assert set(available("training")) | set(available("general")) == set(available())
+
+
+def test_a_solver_refuses_a_problem_it_does_not_solve():
+    general = SolverOptions(problem="general")
+    for name in sorted(set(available()) - set(available("general"))):
+        with pytest.raises(UnsupportedProblem):
+            get_solver(name)(chain_graph(2), 10**9, general)
 
 
 def test_unknown_solver_names_the_available_ones():
@@ -255,7 +269,7 @@ def test_every_solver_schedule_is_accepted_by_the_simulator(g, bandwidth, share)
     options = _options(bandwidth)
     full = peak_of(g, keep_all(g, 10**12, options), bandwidth)
     budget = max(1, math.floor(share * full))
-    for name in available():
+    for name in available("training"):
         result = get_solver(name)(g, budget, options)
         assert result.status in STATUSES, name
         if result.schedule is None:

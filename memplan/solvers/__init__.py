@@ -40,27 +40,32 @@ class SolverOptions:
 
 Solver = Callable[[Graph, int, SolverOptions], SolveResult]
 
-# name -> "module:function"; imported on first use so optional libraries stay optional.
-REGISTRY: dict[str, str] = {
-    "keep_all": "memplan.solvers.baselines:keep_all",
-    "chen_sqrt": "memplan.solvers.baselines:chen_sqrt",
-    "greedy": "memplan.solvers.greedy:solve",
-    "chain_dp": "memplan.solvers.chain:chain_dp",
-    "linear": "memplan.solvers.chain:linear",
-    "director": "memplan.solvers.director:solve",
-    "milp": "memplan.solvers.milp:solve",
+BOTH = ("training", "general")
+
+# name -> ("module:function", the problems it solves); imported on first use so that
+# optional libraries stay optional.
+REGISTRY: dict[str, tuple[str, tuple[str, ...]]] = {
+    "keep_all": ("memplan.solvers.baselines:keep_all", BOTH),
+    "chen_sqrt": ("memplan.solvers.baselines:chen_sqrt", ("training",)),
+    "greedy": ("memplan.solvers.greedy:solve", ("training",)),
+    "chain_dp": ("memplan.solvers.chain:chain_dp", BOTH),
+    "linear": ("memplan.solvers.chain:linear", BOTH),
+    "director": ("memplan.solvers.director:solve", BOTH),
+    "milp": ("memplan.solvers.milp:solve", ("general",)),
+    "cpsat": ("memplan.solvers.cpsat:solve", ("general",)),
 }
 
 
-def available() -> list[str]:
-    return sorted(REGISTRY)
+def available(problem: str | None = None) -> list[str]:
+    """Registered solver names, or those that solve `problem` ("training" or "general")."""
+    return sorted(n for n, (_, problems) in REGISTRY.items() if problem in (None, *problems))
 
 
 def get_solver(name: str) -> Solver:
     """The solve function registered under `name`."""
     if name not in REGISTRY:
         raise UnknownSolver(f"unknown solver {name!r}; available: {', '.join(available())}")
-    module_name, function_name = REGISTRY[name].split(":")
+    module_name, function_name = REGISTRY[name][0].split(":")
     solver: Solver = getattr(importlib.import_module(module_name), function_name)
     return solver
 
