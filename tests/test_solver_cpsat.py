@@ -4,6 +4,8 @@ small random DAGs, every schedule judged by the simulator, and the shared benchm
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -183,3 +185,15 @@ def test_shared_graphs(name: str, share: str) -> None:
         accepted(graph, result, budget)
     else:
         assert result.status == "timeout", result
+
+
+@pytest.mark.parametrize(
+    "first", ["import highspy, pulp", "from ortools.sat.python import cp_model"]
+)
+def test_ortools_and_highspy_load_in_one_process_in_either_order(first: str) -> None:
+    # Both ship a HiGHS; with mismatched versions the second to load fails on a missing
+    # symbol, so cpsat and milp could not run in one process (pyproject pins highspy).
+    both = "import highspy, pulp\nfrom ortools.sat.python import cp_model\n"
+    code = f"{first}\n{both}highspy.Highs()\ncp_model.CpSolver()\n"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr[-500:]
