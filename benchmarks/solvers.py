@@ -54,6 +54,10 @@ def run_one(path: Path, share: str, solver: str, time_limit: float) -> Row:
     started = time.perf_counter()
     try:
         result = solvers.get_solver(solver)(graph, budget, options)
+        if result.schedule is None:  # e.g. a time limit with no feasible point found
+            wall = time.perf_counter() - started
+            return Row(graph.name, len(graph), share, budget, solver, result.status, None,
+                       None, result.gap, wall)  # fmt: skip
         report = remat.solved_schedule(graph, budget, result)
     except MemplanError as error:
         wall = time.perf_counter() - started

@@ -87,14 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULTS.solver,
         help=f"solver name, see `memplan solvers` (default: {DEFAULTS.solver})",
     )
-    plan.add_argument(
-        "--time-limit",
-        type=_positive_float,
-        default=DEFAULTS.time_limit,
-        metavar="S",
-        help=f"solver time limit in seconds (default: {DEFAULTS.time_limit:g})",
-    )
-    plan.add_argument("--seed", type=int, default=DEFAULTS.seed, help="solver seed")
+    _add_search_options(plan)
     plan.add_argument(
         "--no-measure",
         dest="measure",
@@ -157,14 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="bytes ('2e9', '2GiB') or a share of the reference-order peak ('0.8', '80%%')",
     )
     solve.add_argument("--solver", default="keep_all", help="solver name (see `memplan solvers`)")
-    solve.add_argument(
-        "--time-limit",
-        type=_positive_float,
-        default=DEFAULTS.time_limit,
-        metavar="S",
-        help=f"solver time limit in seconds (default: {DEFAULTS.time_limit:g})",
-    )
-    solve.add_argument("--seed", type=int, default=DEFAULTS.seed, help="solver seed")
+    _add_search_options(solve)
     solve.add_argument(
         "--bandwidth",
         type=_positive_float,
@@ -179,6 +165,18 @@ def build_parser() -> argparse.ArgumentParser:
     listing = commands.add_parser("solvers", parents=[common], help="list the solver names")
     listing.set_defaults(command=_solvers)
     return parser
+
+
+def _add_search_options(command: argparse.ArgumentParser) -> None:
+    """--time-limit and --seed, which every solving command takes."""
+    command.add_argument(
+        "--time-limit",
+        type=_positive_float,
+        default=DEFAULTS.time_limit,
+        metavar="S",
+        help=f"solver time limit in seconds (default: {DEFAULTS.time_limit:g})",
+    )
+    command.add_argument("--seed", type=int, default=DEFAULTS.seed, help="solver seed")
 
 
 def _plan(args: argparse.Namespace, console: Console) -> int:

@@ -78,6 +78,25 @@ def score(graph: Graph, sequence: Sequence[int]) -> Score:
     return Score(peak=peak, duration=duration)
 
 
+def missing_ancestors(graph: Graph, targets: Sequence[int], available: set[int]) -> list[int]:
+    """The nodes to compute so that every one of `targets` is available: each target not
+    in `available` and its missing ancestors, inputs first (an iterative post-order walk,
+    so long chains need no recursion). Adds them to `available`."""
+    order: list[int] = []
+    stack: list[tuple[int, bool]] = [(v, False) for v in reversed(targets)]
+    while stack:
+        v, inputs_done = stack.pop()
+        if v in available:
+            continue
+        if inputs_done:
+            order.append(v)
+            available.add(v)
+        else:
+            stack.append((v, True))
+            stack.extend((u, False) for u in reversed(graph[v].inputs) if u not in available)
+    return order
+
+
 def reference(graph: Graph) -> Score:
     """The graph's own topological order, with no recomputation: P0 and D0."""
     return score(graph, range(len(graph)))

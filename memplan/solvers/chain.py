@@ -342,19 +342,8 @@ def sequence_for_checkpoints(graph: Graph, keep: set[int]) -> list[int]:
 
 
 def _recompute_inputs(graph: Graph, target: int, available: set[int], out: list[int]) -> None:
-    """Append the recomputations that bring every input of `target` back: an iterative
-    post-order walk, so each chain comes out in topological order."""
-    stack: list[tuple[int, bool]] = [(s, False) for s in reversed(graph[target].inputs)]
-    while stack:
-        v, inputs_done = stack.pop()
-        if v in available:
-            continue
-        if inputs_done:
-            out.append(v)
-            available.add(v)
-        else:
-            stack.append((v, True))
-            stack.extend((s, False) for s in reversed(graph[v].inputs) if s not in available)
+    """Append the recomputations that bring every input of `target` back."""
+    out.extend(remat.missing_ancestors(graph, graph[target].inputs, available))
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import math
 import random
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +24,7 @@ from memplan.errors import GraphError, InvalidSchedule
 from memplan.graph import Compute, Decision, Graph, NodeKind, Schedule, SolveResult
 from memplan.planner.simulate import MemoryTrace, simulate
 from memplan.solvers import SolverOptions
-from memplan.solvers.training import build_schedule, decider
+from memplan.solvers.training import build_schedule, decider, recompute_chain_time
 
 # Fix-up rounds after the first prediction: each costs one build and one simulation.
 _ROUNDS = 12
@@ -361,18 +361,9 @@ class _GeneralPlan:
         self, target: int, resident: set[int], sequence: list[int], brought: list[int]
     ) -> None:
         """Append the recomputation of `target` and its missing ancestors, inputs first."""
-        stack: list[tuple[int, bool]] = [(target, False)]
-        while stack:
-            v, inputs_done = stack.pop()
-            if v in resident:
-                continue
-            if inputs_done:
-                sequence.append(v)
-                resident.add(v)
-                brought.append(v)
-                continue
-            stack.append((v, True))
-            stack.extend((x, False) for x in reversed(self.graph[v].inputs) if x not in resident)
+        made = remat.missing_ancestors(self.graph, [target], resident)
+        sequence.extend(made)
+        brought.extend(made)
 
     def _profile(self, sequence: list[int], positions: list[int]) -> np.ndarray:
         """The scored memory of each reference position (max over its block and step),
@@ -511,10 +502,10 @@ def _direct(
         if storage.owner in released or hi <= lo or mem[lo:hi].max() <= target:
             continue
         owner = graph[storage.owner]
-        recompute = _chain_time(graph, list(storage.members), decide)
+        recompute = recompute_chain_time(graph, list(storage.members), decide)
         offload = bandwidth is not None and owner.offloadable
         views = [v for v in storage.members if v != storage.owner]
-        view_time = _chain_time(graph, views, decide, stop_at=storage.owner)
+        view_time = recompute_chain_time(graph, views, decide, stop_at=storage.owner)
         offload = offload and math.isfinite(view_time)
         exposed = max(0.0, 2 * owner.bytes / bandwidth - storage.idle) if bandwidth else math.inf
         if offload and (exposed == 0 or not math.isfinite(recompute) or exposed < recompute):
@@ -538,34 +529,6 @@ def _prefetch_position(prefix: Sequence[float], use: int, transfer: float, floor
     up to `use` covers `transfer` (not before `floor`)."""
     position = bisect_right(prefix, prefix[use] - transfer) - 1
     return max(floor, min(use, position))
-
-
-def _chain_time(
-    graph: Graph,
-    roots: list[int],
-    decision: Callable[[int], Decision],
-    stop_at: int | None = None,
-) -> float:
-    """Time to recompute `roots` and every ancestor not resident in the backward;
-    infinite if the chain needs a node that cannot be recomputed."""
-    seen: set[int] = set()
-    stack = list(roots)
-    total = 0.0
-    while stack:
-        v = stack.pop()
-        if v in seen or v == stop_at:
-            continue
-        seen.add(v)
-        node = graph[v]
-        if node.kind is not NodeKind.COMPUTE:
-            continue
-        if v not in roots and decision(v) is not Decision.RECOMPUTE:
-            continue
-        if not node.recomputable:
-            return math.inf
-        total += node.time
-        stack.extend(node.inputs)
-    return total
 
 
 def _position_profile(graph: Graph, schedule: Schedule, trace: MemoryTrace) -> np.ndarray:

@@ -19,7 +19,7 @@ from memplan.graph import Decision, Graph, NodeKind, SolveResult
 from memplan.planner.simulate import MemoryTrace, simulate
 from memplan.solvers import SolverOptions, require_problem
 from memplan.solvers.baselines import sqrt_decisions
-from memplan.solvers.training import build_schedule, decider
+from memplan.solvers.training import build_schedule, decider, recompute_chain_time
 
 # Storages live at the peak that are scored per round, largest first: bounds the work
 # per round on big graphs, where the largest storages are the ones worth releasing.
@@ -195,44 +195,16 @@ def _release_options(
 ) -> list[tuple[float, dict[int, Decision]]]:
     """(estimated added time, decisions) for each way to release the storage of `owner`."""
     found: list[tuple[float, dict[int, Decision]]] = []
-    recompute = _chain_time(graph, kept, decision)
+    recompute = recompute_chain_time(graph, kept, decision)
     if math.isfinite(recompute):
         found.append((recompute, dict.fromkeys(kept, Decision.RECOMPUTE)))
     if options.bandwidth and graph[owner].offloadable:
         views = [v for v in kept if v != owner]
         transfer = 2 * graph[owner].bytes / options.bandwidth
         exposed = max(0.0, transfer - window.get(owner, 0.0))
-        view_time = _chain_time(graph, views, decision, stop_at=owner)
+        view_time = recompute_chain_time(graph, views, decision, stop_at=owner)
         if math.isfinite(view_time):
             changes = dict.fromkeys(views, Decision.RECOMPUTE)
             changes[owner] = Decision.OFFLOAD
             found.append((exposed + view_time, changes))
     return found
-
-
-def _chain_time(
-    graph: Graph,
-    roots: list[int],
-    decision: Callable[[int], Decision],
-    stop_at: int | None = None,
-) -> float:
-    """Time to recompute `roots` and every ancestor that would not be resident in the
-    backward; infinite if the chain needs a node that cannot be recomputed."""
-    seen: set[int] = set()
-    stack = list(roots)
-    total = 0.0
-    while stack:
-        v = stack.pop()
-        if v in seen or v == stop_at:
-            continue
-        seen.add(v)
-        node = graph[v]
-        if node.kind is not NodeKind.COMPUTE:
-            continue
-        if v not in roots and decision(v) is not Decision.RECOMPUTE:
-            continue
-        if not node.recomputable:
-            return math.inf
-        total += node.time
-        stack.extend(node.inputs)
-    return total

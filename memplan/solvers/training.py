@@ -9,6 +9,7 @@ schedule, so that all of them are judged on the same footing.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 
 from memplan.errors import InvalidSchedule
@@ -171,3 +172,31 @@ def _split_index(steps: list[Step], forward_len: int) -> int:
             return index
         seen += 1
     return len(steps)
+
+
+def recompute_chain_time(
+    graph: Graph,
+    roots: list[int],
+    decision: Callable[[int], Decision],
+    stop_at: int | None = None,
+) -> float:
+    """Time to recompute `roots` and every ancestor that would not be resident in the
+    backward; infinite if the chain needs a node that cannot be recomputed."""
+    seen: set[int] = set()
+    stack = list(roots)
+    total = 0.0
+    while stack:
+        v = stack.pop()
+        if v in seen or v == stop_at:
+            continue
+        seen.add(v)
+        node = graph[v]
+        if node.kind is not NodeKind.COMPUTE:
+            continue
+        if v not in roots and decision(v) is not Decision.RECOMPUTE:
+            continue
+        if not node.recomputable:
+            return math.inf
+        total += node.time
+        stack.extend(node.inputs)
+    return total
