@@ -14,6 +14,7 @@ import memplan
 from memplan.graph import format_bytes
 from memplan.planner.measure import measure_peak, median_step_seconds
 from memplan.report import plot_timeline
+from memplan.verify import resident_tensors
 from memplan.zoo import gpt2
 
 OUT = Path("out")
@@ -39,7 +40,7 @@ def main() -> None:
             optimizer.zero_grad(set_to_none=True)
             module(*example.inputs).backward()
 
-        resident = [*module.parameters(), *module.buffers(), *example.inputs]
+        resident = resident_tensors(module, example.inputs)
         peak = measure_peak(step, resident=resident, device=cpu).peak_bytes
         seconds = median_step_seconds(step, device=cpu, repeats=STEPS)
         losses = []

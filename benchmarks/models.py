@@ -27,7 +27,7 @@ import memplan
 from memplan.graph import format_bytes
 from memplan.planner.measure import measure_peak, median_step_seconds
 from memplan.report import plot_timeline
-from memplan.verify import verify
+from memplan.verify import resident_tensors, training_step, verify
 from memplan.zoo import ZOO, Example
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,22 +66,11 @@ def machine() -> dict[str, Any]:
     }
 
 
-def _step(model: torch.nn.Module, inputs: tuple[Any, ...]) -> Any:
-    def step() -> None:
-        model(*inputs).backward()
-
-    return step
-
-
-def _resident(model: torch.nn.Module, inputs: tuple[Any, ...]) -> list[torch.Tensor]:
-    return [*model.parameters(), *model.buffers(), *inputs]
-
-
 def _allocator_peak(model: torch.nn.Module, inputs: tuple[Any, ...], run: torch.nn.Module) -> int:
     for p in model.parameters():
         p.grad = None
     device = next(model.parameters()).device
-    step, resident = _step(run, inputs), _resident(model, inputs)
+    step, resident = training_step(run, inputs), resident_tensors(model, inputs)
     return measure_peak(step, resident=resident, device=device, method="allocator").peak_bytes
 
 
@@ -89,11 +78,8 @@ def bench_model(example: Example, budgets: tuple[str, ...], repeats: int) -> lis
     """Eager, then memplan at each budget, on one model."""
     device = next(example.model.parameters()).device
     model, inputs = example.model, example.inputs
-    eager_peak = measure_peak(
-        _step(model, inputs), resident=_resident(model, inputs), device=device
-    )
     eager_allocator = _allocator_peak(model, inputs, model)
-    eager_time = median_step_seconds(_step(model, inputs), device=device, repeats=repeats)
+    eager_time = median_step_seconds(training_step(model, inputs), device=device, repeats=repeats)
     for p in model.parameters():
         p.grad = None
     runs: list[Run] = []
@@ -102,6 +88,7 @@ def bench_model(example: Example, budgets: tuple[str, ...], repeats: int) -> lis
         planned = memplan.optimize(model, inputs, budget=budget, progress=False)
         plan_seconds = time.perf_counter() - started
         plan = planned.plan
+        check = verify(model, inputs, plan)  # also measures eager's peak
         if not runs:
             runs.append(
                 Run(
@@ -109,7 +96,7 @@ def bench_model(example: Example, budgets: tuple[str, ...], repeats: int) -> lis
                     method="eager",
                     budget=None,
                     predicted_peak=plan.unplanned_peak,
-                    measured_peak=eager_peak.peak_bytes,
+                    measured_peak=check.eager_peak,
                     allocator_peak=eager_allocator,
                     step_seconds=eager_time,
                     plan_seconds=0.0,
@@ -117,9 +104,10 @@ def bench_model(example: Example, budgets: tuple[str, ...], repeats: int) -> lis
                     decisions={},
                 )
             )
-        check = verify(model, inputs, plan)
         allocator = _allocator_peak(model, inputs, planned)
-        seconds = median_step_seconds(_step(planned, inputs), device=device, repeats=repeats)
+        seconds = median_step_seconds(
+            training_step(planned, inputs), device=device, repeats=repeats
+        )
         for p in model.parameters():
             p.grad = None
         runs.append(

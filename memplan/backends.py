@@ -23,13 +23,6 @@ from memplan.planner.plan import Partitioner, Plan, PlanOptions
 INNER_COMPILERS = ("eager", "inductor")
 
 
-def _eager(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-    # The runner the API path uses: it frees each value after its last use, so saved
-    # activations die where the plan frees them. (`make_boxed_func(gm.forward)` would
-    # hold every input until the graph returns.)
-    return boxed_runner(gm, example_inputs)
-
-
 def _inductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
     from torch._inductor.compile_fx import compile_fx_inner
 
@@ -52,7 +45,9 @@ class MemplanBackend:
             raise MemplanError(f"inner compiler must be one of {INNER_COMPILERS}, got {inner!r}")
         self.budget = Budget.parse(budget)
         self.options = PlanOptions(solver=solver, **{"best_effort": True, **options})
-        self.inner = _eager if inner == "eager" else _inductor
+        # Eager runs the planned graphs as generated code that frees each value after its
+        # last use, as the API path does, so saved activations die where the plan frees them.
+        self.inner = boxed_runner if inner == "eager" else _inductor
         self.plans: list[Plan] = []
 
     def __call__(

@@ -8,7 +8,7 @@ this; it is also the API for checking a plan before a long job.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,15 +91,15 @@ def verify(
     # a deep copy would not do, as it can untie weights that share storage.
     state = {k: t.detach().clone() for k, t in model.state_dict(keep_vars=True).items()}
     grads = {n: p.grad for n, p in model.named_parameters()}
-    resident = _resident(model, example_inputs)
+    resident = resident_tensors(model, example_inputs)
     try:
         _reset(model, state)
         # One unmeasured step first, for eager and planned alike: a first step also sets up
         # what later steps reuse (cuBLAS's workspace on a GPU), which is not the plan's.
-        _training_step(model, example_inputs)()
+        training_step(model, example_inputs)()
         _reset(model, state)
         eager_peak = measure_peak(
-            _training_step(model, example_inputs), resident=resident, device=device
+            training_step(model, example_inputs), resident=resident, device=device
         )
         eager_grads = {n: p.grad for n, p in model.named_parameters()}
         _reset(model, state)
@@ -108,10 +108,10 @@ def verify(
         planned = api.optimize(
             model, example_inputs, plan.budget, plan.solver, reuse=plan, progress=False, **same
         )
-        _training_step(planned, example_inputs)()
+        training_step(planned, example_inputs)()
         _reset(model, state)
         measured = measure_peak(
-            _training_step(planned, example_inputs), resident=resident, device=device
+            training_step(planned, example_inputs), resident=resident, device=device
         )
         error, match = _compare_grads(model, eager_grads)
     finally:
@@ -130,7 +130,9 @@ def verify(
     )
 
 
-def _training_step(model: nn.Module, inputs: Sequence[Any]) -> Any:
+def training_step(model: nn.Module, inputs: Sequence[Any]) -> Callable[[], None]:
+    """One forward and backward of `model(*inputs)`: a loss, or outputs summed into one."""
+
     def step() -> None:
         out = model(*inputs)
         if not isinstance(out, torch.Tensor):
@@ -142,7 +144,8 @@ def _training_step(model: nn.Module, inputs: Sequence[Any]) -> Any:
     return step
 
 
-def _resident(model: nn.Module, inputs: Sequence[Any]) -> list[torch.Tensor]:
+def resident_tensors(model: nn.Module, inputs: Sequence[Any]) -> list[torch.Tensor]:
+    """What is on the device before a step starts: parameters, buffers and tensor inputs."""
     tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
     return [*model.parameters(), *model.buffers(), *tensors]
 
