@@ -72,6 +72,44 @@ def test_planned_step_matches_eager_and_prediction(name: str) -> None:
             assert plan.budget <= 0.5 * plan.unplanned_peak
 
 
+# Every solver of the training problem that takes a budget (greedy, the default, is
+# above), with a budget it reaches on all six models. chain_dp and linear checkpoint only
+# at cut points of the forward chain (on ResNet chain_dp's least peak is 72% of eager's),
+# and the director's ranking stops short of greedy on some models, so 50% is out of their
+# reach on some (docs/solvers.md has the least peak of each solver on each model).
+SOLVER_BUDGETS = [
+    ("chain_dp", "80%"),
+    ("linear", "70%"),
+    ("director", "70%"),
+    ("milp", "50%"),
+    ("cpsat", "50%"),
+]
+
+
+@pytest.mark.parametrize(("solver", "budget"), SOLVER_BUDGETS)
+@pytest.mark.parametrize("name", MODELS)
+def test_every_solver_trains_the_models_within_its_budget(
+    name: str, solver: str, budget: str
+) -> None:
+    """Each solver through the pipeline: eager's gradients, measured peak within the
+    budget and within 5% of the prediction."""
+    example = ZOO[name]()
+    expected = eager_grads(example)
+    model = copy.deepcopy(example.model)
+    planned = memplan.optimize(
+        model, example.inputs, budget=budget, solver=solver, time_limit=10, progress=False
+    )
+    measured = measure_peak(
+        train_step(planned, example.inputs), resident=resident(model, example.inputs), device=CPU
+    ).peak_bytes
+    assert_grads_equal(model, expected)
+    plan = planned.plan
+    assert plan.solver == solver
+    assert plan.budget <= float(budget.rstrip("%")) / 100 * plan.unplanned_peak
+    assert measured <= plan.budget, (measured, plan.budget)
+    assert abs(measured - plan.predicted_peak) <= 0.05 * plan.predicted_peak
+
+
 def test_offload_on_cpu_keeps_numerics_and_moves_bytes_to_host() -> None:
     example = ZOO["cnn"]()
     expected = eager_grads(example)

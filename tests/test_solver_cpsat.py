@@ -14,7 +14,6 @@ import pytest
 pytest.importorskip("ortools")
 
 from memplan import remat
-from memplan.errors import MemplanError
 from memplan.graph import Graph, Node, SolveResult, load_node_link
 from memplan.planner.simulate import simulate
 from memplan.solvers import SolverOptions
@@ -164,11 +163,6 @@ def test_minimize_memory_reaches_the_footprint_floor_or_proves_more() -> None:
     low = least_footprint(graph)
     feasible = [b for b in range(low, peak + 1) if brute_force(graph, b) is not None]
     assert feasible[0] == peak  # the least peak with up to two copies per node
-
-
-def test_training_problem_is_refused() -> None:
-    with pytest.raises(MemplanError, match="training formulation is not supported"):
-        solve(random_dag(0, 3), 100, SolverOptions())
 
 
 @pytest.mark.parametrize("name", ["checkmate_vgg16_b256_224x224_train", "random_layered_n100"])

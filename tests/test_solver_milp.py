@@ -171,11 +171,6 @@ def test_cbc_backend_gives_the_same_optimum(monkeypatch: pytest.MonkeyPatch) -> 
     assert cbc.objective == highs.objective
 
 
-def test_training_problem_is_refused() -> None:
-    with pytest.raises(MemplanError, match="general"):
-        milp.solve(random_dag(0, 3), 100, SolverOptions())
-
-
 def test_views_are_refused_by_name() -> None:
     nodes = (Node(0, "a", "op", bytes=4), Node(1, "a_view", "view", (0,), alias_of=0))
     with pytest.raises(UnsupportedModel, match="a_view"):

@@ -51,8 +51,8 @@ REGISTRY: dict[str, tuple[str, tuple[str, ...]]] = {
     "chain_dp": ("memplan.solvers.chain:chain_dp", BOTH),
     "linear": ("memplan.solvers.chain:linear", BOTH),
     "director": ("memplan.solvers.director:solve", BOTH),
-    "milp": ("memplan.solvers.milp:solve", ("general",)),
-    "cpsat": ("memplan.solvers.cpsat:solve", ("general",)),
+    "milp": ("memplan.solvers.milp:solve", BOTH),
+    "cpsat": ("memplan.solvers.cpsat:solve", BOTH),
 }
 
 

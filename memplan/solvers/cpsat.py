@@ -14,10 +14,11 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from memplan import remat
-from memplan.errors import MissingDependency, UnsupportedModel, UnsupportedProblem
+from memplan.errors import MissingDependency, UnsupportedModel
 from memplan.graph import Graph, Schedule, SolveResult
 from memplan.planner.simulate import simulate
-from memplan.solvers import SolverOptions
+from memplan.solvers import SolverOptions, releases
+from memplan.solvers.releases import Effect, Pick, ReleaseModel
 
 if TYPE_CHECKING:
     from ortools.sat.python import cp_model
@@ -50,11 +51,8 @@ def solve(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
     `options.bandwidth` is not used yet: no paging, and a schedule without transfers is
     valid on any link.
     """
-    if options.problem != "general":
-        raise UnsupportedProblem(
-            f"solver {NAME!r} solves the general problem only: its training formulation is "
-            "not supported yet (use problem='general')"
-        )
+    if options.problem == "training":
+        return releases.solve(graph, budget, options, NAME, _pick_releases)
     _check_graph(graph)
     cp = _cp_model()
     started = time.perf_counter()
@@ -367,11 +365,17 @@ def _cp_model() -> ModuleType:
 
 def _run(m: _Model, deadline: float, options: SolverOptions) -> tuple[int, cp_model.CpSolver]:
     """Solve with the seed, workers and what is left of the time limit."""
+    solver = _solver(deadline, options)
+    return solver.solve(m.model), solver
+
+
+def _solver(deadline: float, options: SolverOptions) -> cp_model.CpSolver:
+    """A CP-SAT solver with the seed, the workers and what is left of the time limit."""
     solver = _cp_model().CpSolver()
     solver.parameters.random_seed = options.seed
     solver.parameters.num_workers = WORKERS
     solver.parameters.max_time_in_seconds = max(0.01, deadline - time.perf_counter())
-    return solver.solve(m.model), solver
+    return solver
 
 
 def _decode(m: _Model, solver: cp_model.CpSolver) -> list[int]:
@@ -430,3 +434,52 @@ def _check_graph(graph: Graph) -> None:
             raise UnsupportedModel(node.name, "a resident input cannot be computed")
         if node.alias_of is not None or node.carved_from is not None:
             raise UnsupportedModel(node.name, "shares storage; the general problem has none")
+
+
+# --- the training problem: the release model (memplan/solvers/releases.py) -------------
+
+
+def _pick_releases(
+    model: ReleaseModel,
+    cap: int | None,
+    hint: frozenset[int],
+    deadline: float,
+    options: SolverOptions,
+) -> Pick:
+    """The release model in CP-SAT: a Boolean per release and per interaction (their
+    product), a linear row per position in exact bytes, the cuts as clauses, and `hint`
+    as the starting point. Times are scaled to integers, the largest term at TIME_UNITS."""
+    cp = _cp_model()
+    m = cp.CpModel()
+    picked = [m.new_bool_var(f"r{i}") for i in range(len(model.releases))]
+    for group in model.groups:
+        m.add_at_most_one(picked[i] for i in group)
+    chosen: dict[Effect, cp_model.IntVar] = {(i,): x for i, x in enumerate(picked)}
+    for i, j in (x.pair for x in model.interactions):
+        both = chosen[i, j] = m.new_bool_var(f"r{i}_{j}")
+        m.add_multiplication_equality(both, [picked[i], picked[j]])
+    rows = model.rows(cap)
+    if cap is None:
+        top = max((r.constant + sum(max(c, 0) for _, c in r.terms) for r in rows), default=0)
+        peak = m.new_int_var(0, top, "peak")
+        for row in rows:
+            m.add(row.constant + sum(c * chosen[e] for e, c in row.terms) <= peak)
+        m.minimize(peak)
+    else:
+        for row in rows:
+            m.add(sum(c * chosen[e] for e, c in row.terms) <= cap - row.constant)
+        effects = model.effects
+        largest = max((abs(t) for _, _, t in effects), default=0.0) or 1.0
+        m.minimize(sum(round(t / largest * TIME_UNITS) * chosen[e] for e, _, t in effects))
+    for cut in model.cuts:
+        m.add_bool_or(
+            [picked[i].Not() for i in cut] + [x for i, x in enumerate(picked) if i not in cut]
+        )
+    for i, x in enumerate(picked):
+        m.add_hint(x, i in hint)
+    solver = _solver(deadline, options)
+    status = solver.solve(m)
+    if status not in (cp.OPTIMAL, cp.FEASIBLE):
+        return Pick("infeasible" if status == cp.INFEASIBLE else "timeout", None)
+    chosen = frozenset(i for i, x in enumerate(picked) if solver.boolean_value(x))
+    return Pick("optimal" if status == cp.OPTIMAL else "feasible", chosen)

@@ -21,13 +21,22 @@ import numpy as np
 
 from memplan import remat
 from memplan.errors import GraphError, InvalidSchedule
-from memplan.graph import Compute, Decision, Graph, NodeKind, Schedule, SolveResult
+from memplan.graph import Decision, Graph, NodeKind, Schedule, SolveResult
 from memplan.planner.simulate import MemoryTrace, simulate
 from memplan.solvers import SolverOptions
-from memplan.solvers.training import build_schedule, decider, recompute_chain_time
+from memplan.solvers.baselines import sqrt_decisions
+from memplan.solvers.training import (
+    build_schedule,
+    decider,
+    position_profile,
+    recompute_chain_time,
+    saved_storages,
+)
 
 # Fix-up rounds after the first prediction: each costs one build and one simulation.
 _ROUNDS = 12
+# Direct-then-restore cycles in the training director (see _solve_training).
+_CYCLES = 4
 # Longest recompute chain (nodes) the general director first accepts for one release:
 # longer chains cost more time than the bytes are usually worth. When nothing more can be
 # released the cap grows by _CHAIN_GROWTH up to _CHAIN_LIMIT, trading time for memory.
@@ -406,23 +415,95 @@ class _Storage:
 def _solve_training(
     graph: Graph, budget: int, options: SolverOptions, started: float, deadline: float
 ) -> SolveResult:
+    """Direct from keep-all; where that ends over the target, keep some released storages
+    again (_restore) and direct once more from there, the kept ones now checkpoints. If
+    that still ends over the target, do the same from Chen's sqrt(n) checkpoints, which
+    break recompute cascades from the start."""
     target = 0 if options.minimize_memory else budget
-    decisions: dict[int, Decision] = {v: Decision.KEEP for v in graph.saved_candidates}
-    trace = _evaluate(graph, decisions, options)
-    best = (trace, dict(decisions))
     prefix = [0.0]
     for node in graph:
         prefix.append(prefix[-1] + (node.time if node.kind is NodeKind.COMPUTE else 0.0))
     storages = _rank_storages(graph, prefix, options.seed)
-    released: set[int] = set()
-    mem = _position_profile(graph, _schedule(graph, decisions, options), trace)
+    keep_all = {v: Decision.KEEP for v in graph.saved_candidates}
+    best: tuple[MemoryTrace, dict[int, Decision]] | None = None
     timed_out = False
+    for start in (keep_all, {**keep_all, **sqrt_decisions(graph)}):
+        trace, decisions, timed_out = _cycles(
+            graph, storages, start, target, budget, prefix, deadline, options
+        )
+        if best is None or _better(trace, best[0], budget):
+            best = (trace, decisions)
+        if best[0].peak <= target or timed_out:
+            break
+    assert best is not None
+    trace, decisions = best
+    schedule = _schedule(graph, decisions, options)
+    return _result(
+        graph, budget, options, started, schedule, trace, trace.time, timed_out, decisions
+    )
+
+
+def _cycles(
+    graph: Graph,
+    storages: list[_Storage],
+    start: dict[int, Decision],
+    target: int,
+    budget: int,
+    prefix: Sequence[float],
+    deadline: float,
+    options: SolverOptions,
+) -> tuple[MemoryTrace, dict[int, Decision], bool]:
+    """Direct-then-restore cycles from `start`: the best state reached, and whether the
+    deadline cut them short."""
+    decisions = dict(start)
+    trace = _evaluate(graph, decisions, options)
+    # Storages the director has decided on (released, or kept again by _restore).
+    released = {graph.storage_owner[v] for v, d in start.items() if d is not Decision.KEEP}
+    best = (trace, dict(decisions))
+    timed_out = False
+    for _ in range(_CYCLES):
+        trace, decisions, timed_out = _direct_rounds(
+            graph, storages, trace, decisions, released, target, prefix, deadline, options
+        )
+        if _better(trace, best[0], budget):
+            best = (trace, dict(decisions))
+        if trace.peak <= target or timed_out:
+            break
+        restored = _restore(graph, storages, trace, decisions, deadline, options)
+        if restored is None:
+            break
+        trace, decisions, timed_out = restored
+        if _better(trace, best[0], budget):
+            best = (trace, dict(decisions))
+    return best[0], best[1], timed_out
+
+
+def _better(new: MemoryTrace, old: MemoryTrace, budget: int) -> bool:
+    """A lower (peak, time); or, both within the budget, the faster."""
+    return (new.peak, new.time) < (old.peak, old.time) or (
+        new.peak <= budget and old.peak <= budget and new.time < old.time
+    )
+
+
+def _direct_rounds(
+    graph: Graph,
+    storages: list[_Storage],
+    trace: MemoryTrace,
+    decisions: dict[int, Decision],
+    released: set[int],
+    target: int,
+    prefix: Sequence[float],
+    deadline: float,
+    options: SolverOptions,
+) -> tuple[MemoryTrace, dict[int, Decision], bool]:
+    """Release ranked storages where the predicted profile is over the target, simulate,
+    and repeat with the simulated profile until it fits or nothing is left to release."""
+    mem = position_profile(graph, _schedule(graph, decisions, options), trace)
     for _ in range(_ROUNDS):
         if trace.peak <= target:
             break
         if time.perf_counter() > deadline:
-            timed_out = True
-            break
+            return trace, decisions, True
         changes = _direct(graph, storages, decisions, released, mem, target, prefix, options)
         if not changes:
             break
@@ -433,16 +514,39 @@ def _solve_training(
         except InvalidSchedule:
             break  # a chain the estimate thought possible is not: keep what we had
         decisions, trace = proposal, new_trace
-        if (trace.peak, trace.time) < (best[0].peak, best[0].time) or (
-            trace.peak <= budget and best[0].peak <= budget and trace.time < best[0].time
-        ):
-            best = (trace, dict(decisions))
-        mem = _position_profile(graph, schedule, trace)
-    trace, decisions = best
-    schedule = _schedule(graph, decisions, options)
-    return _result(
-        graph, budget, options, started, schedule, trace, trace.time, timed_out, decisions
-    )
+        mem = position_profile(graph, schedule, trace)
+    return trace, decisions, False
+
+
+def _restore(
+    graph: Graph,
+    storages: list[_Storage],
+    trace: MemoryTrace,
+    decisions: dict[int, Decision],
+    deadline: float,
+    options: SolverOptions,
+) -> tuple[MemoryTrace, dict[int, Decision], bool] | None:
+    """Keep released storages again, lowest ranked first, wherever that lowers the peak;
+    None if none does.
+
+    Releasing a run of neighbouring storages by recompute makes each chain recompute the
+    next, so the whole run comes back at once in the backward: past some point, releasing
+    more raises the peak. Keeping some of them again (checkpoints) breaks the cascade.
+    """
+    changed = False
+    for storage in reversed(storages):
+        if decisions.get(storage.owner, Decision.KEEP) is Decision.KEEP:
+            continue
+        if time.perf_counter() > deadline:
+            return trace, decisions, True
+        proposal = {**decisions, **dict.fromkeys(storage.members, Decision.KEEP)}
+        try:
+            new_trace = _evaluate(graph, proposal, options)
+        except InvalidSchedule:
+            continue
+        if (new_trace.peak, new_trace.time) < (trace.peak, trace.time):
+            trace, decisions, changed = new_trace, proposal, True
+    return (trace, decisions, False) if changed else None
 
 
 def _schedule(graph: Graph, decisions: Mapping[int, Decision], options: SolverOptions) -> Schedule:
@@ -457,11 +561,7 @@ def _evaluate(
 
 def _rank_storages(graph: Graph, prefix: Sequence[float], seed: int) -> list[_Storage]:
     """Saved forward storages, best first by bytes x idle time (seeded ties)."""
-    groups: dict[int, list[int]] = {}
-    for v in graph.saved_candidates:
-        owner = graph.storage_owner[v]
-        if graph[owner].kind is NodeKind.COMPUTE and not graph[owner].is_backward:
-            groups.setdefault(owner, []).append(v)
+    groups = saved_storages(graph)
     order = list(range(len(graph)))
     random.Random(seed).shuffle(order)
     storages = []
@@ -529,30 +629,6 @@ def _prefetch_position(prefix: Sequence[float], use: int, transfer: float, floor
     up to `use` covers `transfer` (not before `floor`)."""
     position = bisect_right(prefix, prefix[use] - transfer) - 1
     return max(floor, min(use, position))
-
-
-def _position_profile(graph: Graph, schedule: Schedule, trace: MemoryTrace) -> np.ndarray:
-    """The simulated memory per node position: forward steps count at the forward node
-    they follow, backward steps (recomputes, prefetches) at the backward node they lead
-    up to; positions with no step of their own stay 0."""
-    out = np.zeros(len(graph), dtype=np.int64)
-    steps = schedule.steps
-    split = schedule.split
-    current = 0
-    for index in range(split):
-        step = steps[index]
-        if isinstance(step, Compute):
-            current = step.node
-        out[current] = max(out[current], trace.live[index])
-    current = len(graph) - 1
-    for index in range(len(steps) - 1, split - 1, -1):
-        step = steps[index]
-        if isinstance(step, Compute) and (
-            graph[step.node].is_backward or graph[step.node].kind is NodeKind.TANGENT
-        ):
-            current = step.node
-        out[current] = max(out[current], trace.live[index])
-    return out
 
 
 # --- shared -------------------------------------------------------------------------------

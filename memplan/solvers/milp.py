@@ -20,7 +20,8 @@ from memplan import remat
 from memplan.errors import InvalidSchedule, MemplanError, MissingDependency, UnsupportedModel
 from memplan.graph import Graph, Schedule, SolveResult
 from memplan.planner.simulate import simulate
-from memplan.solvers import SolverOptions, require_problem
+from memplan.solvers import SolverOptions, releases
+from memplan.solvers.releases import Effect, Pick, ReleaseModel
 
 # The model has about 2 T^2 binaries plus T^2/2 continuous memory and free variables
 # (times the mean in-degree) for T computed nodes, and PuLP spends roughly a kilobyte
@@ -48,7 +49,8 @@ def solve(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
     one found in the time left, and the message names its peak), or "timeout" (no
     solution in time; schedule None). options.time_limit covers building and solving.
     """
-    require_problem(NAME, options, "general")
+    if options.problem == "training":
+        return releases.solve(graph, budget, options, NAME, _pick_releases)
     pulp = _import_pulp()
     started = time.perf_counter()
     deadline = started + options.time_limit
@@ -373,20 +375,23 @@ def _solve_stage(
     remaining = deadline - time.perf_counter()
     if model is None or remaining <= 0:
         return _Outcome("timeout", None, None, None)
-    if _highs_available():
-        backend = pulp.HiGHS(
-            msg=False, timeLimit=remaining, threads=1, random_seed=options.seed % 2**31,
-            mip_feasibility_tolerance=_TOLERANCE, primal_feasibility_tolerance=_TOLERANCE,
-        )  # fmt: skip
-    else:
-        backend = pulp.PULP_CBC_CMD(
-            msg=False, timeLimit=max(1, math.ceil(remaining)), threads=1,
-            options=[f"randomCbcSeed {options.seed}", f"primalTolerance {_TOLERANCE}"],
-        )  # fmt: skip
-    model.problem.solve(backend)
+    model.problem.solve(_backend(pulp, remaining, options))
     status, bound, gap = _read_status(pulp, model.problem)
     sequence = _sequence(stages, model.R) if status in ("optimal", "feasible") else None
     return _Outcome(status, sequence, bound, gap)
+
+
+def _backend(pulp: ModuleType, remaining: float, options: SolverOptions) -> Any:
+    """HiGHS if highspy is installed, else CBC: one thread, seeded, tight tolerances."""
+    if _highs_available():
+        return pulp.HiGHS(
+            msg=False, timeLimit=remaining, threads=1, random_seed=options.seed % 2**31,
+            mip_feasibility_tolerance=_TOLERANCE, primal_feasibility_tolerance=_TOLERANCE,
+        )  # fmt: skip
+    return pulp.PULP_CBC_CMD(
+        msg=False, timeLimit=max(1, math.ceil(remaining)), threads=1,
+        options=[f"randomCbcSeed {options.seed}", f"primalTolerance {_TOLERANCE}"],
+    )  # fmt: skip
 
 
 def _read_status(pulp: ModuleType, problem: Any) -> tuple[str, float | None, float | None]:
@@ -513,3 +518,59 @@ def _infeasible(
         options=options.to_json(),
         message=message,
     )
+
+
+# --- the training problem: the release model (memplan/solvers/releases.py) -------------
+
+
+def _pick_releases(
+    model: ReleaseModel,
+    cap: int | None,
+    hint: frozenset[int],
+    deadline: float,
+    options: SolverOptions,
+) -> Pick:
+    """The release model as a MILP: a binary per release, their product per interaction,
+    a row per position, and the cuts. Bytes are in MiB and times relative to keep-all's,
+    to keep HiGHS well scaled. PuLP passes no starting point to HiGHS, so `hint` is not
+    used: the director's schedule still competes as the incumbent in releases.solve."""
+    del hint
+    pulp = _import_pulp()
+    problem = pulp.LpProblem("releases", pulp.LpMinimize)
+    picked = [pulp.LpVariable(f"r{i}", cat="Binary") for i in range(len(model.releases))]
+    for group in model.groups:
+        problem += pulp.lpSum(picked[i] for i in group) <= 1
+    chosen: dict[Effect, Any] = {(i,): x for i, x in enumerate(picked)}
+    for i, j in (x.pair for x in model.interactions):
+        both = chosen[i, j] = pulp.LpVariable(f"r{i}_{j}", lowBound=0, upBound=1)
+        problem += both >= picked[i] + picked[j] - 1
+        problem += both <= picked[i]
+        problem += both <= picked[j]
+    mib = float(1 << 20)
+    rows = model.rows(cap)
+    if cap is None:
+        peak = pulp.LpVariable("peak", lowBound=0)
+        problem += peak
+        for row in rows:
+            changes = pulp.lpSum(c / mib * chosen[e] for e, c in row.terms)
+            problem += row.constant / mib + changes <= peak
+    else:
+        unit = model.base_time or 1.0
+        problem += pulp.lpSum(t / unit * chosen[e] for e, _, t in model.effects)
+        for row in rows:
+            changes = pulp.lpSum(c / mib * chosen[e] for e, c in row.terms)
+            problem += changes <= (cap - row.constant) / mib
+    for cut in model.cuts:
+        problem += (
+            pulp.lpSum(1 - picked[i] for i in cut)
+            + pulp.lpSum(x for i, x in enumerate(picked) if i not in cut)
+            >= 1
+        )
+    remaining = deadline - time.perf_counter()
+    if remaining <= 0:
+        return Pick("timeout", None)
+    problem.solve(_backend(pulp, remaining, options))
+    status, _, _ = _read_status(pulp, problem)
+    if status not in ("optimal", "feasible"):
+        return Pick(status, None)
+    return Pick(status, frozenset(i for i, x in enumerate(picked) if (x.value() or 0) > 0.5))

@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 
+import numpy as np
+
 from memplan.errors import InvalidSchedule
 from memplan.graph import (
     Compute,
@@ -26,6 +28,7 @@ from memplan.graph import (
     Wait,
     with_frees,
 )
+from memplan.planner.simulate import MemoryTrace
 
 
 def decider(graph: Graph, decisions: Mapping[int, Decision]) -> Callable[[int], Decision]:
@@ -200,3 +203,38 @@ def recompute_chain_time(
         total += node.time
         stack.extend(node.inputs)
     return total
+
+
+def saved_storages(graph: Graph) -> dict[int, list[int]]:
+    """Forward storages the backward reads: owner -> its saved members (the owner and views
+    of it), in id order. A storage is released as one, since a saved view pins it."""
+    groups: dict[int, list[int]] = {}
+    for v in graph.saved_candidates:
+        owner = graph.storage_owner[v]
+        if graph[owner].kind is NodeKind.COMPUTE and not graph[owner].is_backward:
+            groups.setdefault(owner, []).append(v)
+    return groups
+
+
+def position_profile(graph: Graph, schedule: Schedule, trace: MemoryTrace) -> np.ndarray:
+    """The simulated memory per node position: forward steps count at the forward node
+    they follow, backward steps (recomputes, prefetches) at the backward node they lead
+    up to; positions with no step of their own stay 0."""
+    out = np.zeros(len(graph), dtype=np.int64)
+    steps = schedule.steps
+    split = schedule.split
+    current = 0
+    for index in range(split):
+        step = steps[index]
+        if isinstance(step, Compute):
+            current = step.node
+        out[current] = max(out[current], trace.live[index])
+    current = len(graph) - 1
+    for index in range(len(steps) - 1, split - 1, -1):
+        step = steps[index]
+        if isinstance(step, Compute) and (
+            graph[step.node].is_backward or graph[step.node].kind is NodeKind.TANGENT
+        ):
+            current = step.node
+        out[current] = max(out[current], trace.live[index])
+    return out
