@@ -23,6 +23,7 @@ from memplan.graph import Budget, format_bytes, load_node_link
 from memplan.planner import capture
 from memplan.planner.plan import Plan, PlanOptions
 from memplan.report import decision_table, plot_timeline, summary_table, verification_table
+from memplan.solvers import general
 from memplan.verify import verify
 
 # torch.save files; loading one unpickles, which can run any code the file's author chose.
@@ -225,22 +226,24 @@ def _show(args: argparse.Namespace, console: Console) -> int:
 
 
 def _solve(args: argparse.Namespace, console: Console) -> int:
-    solve = solvers.get_solver(args.solver)
+    solvers.get_solver(args.solver)  # an unknown name fails before the graph is read
     graph = load_node_link(args.graph)
     budget = remat.resolve_budget(graph, args.budget)
     options = solvers.SolverOptions(
         seed=args.seed, time_limit=args.time_limit, bandwidth=args.bandwidth, problem="general"
     )
-    result = solve(graph, budget, options)
+    result = general.solve(graph, budget, args.solver, options)
     report = remat.solved_schedule(graph, budget, result, bandwidth=args.bandwidth)
     write_json_atomically(args.output, report)
     reference = remat.reference(graph)
     increase = (report["duration"] - reference.duration) / reference.duration
     console.print(
-        f"{graph.name}: {report['status']} with {args.solver}, peak "
+        f"{graph.name}: {report['status']} with {result.solver}, peak "
         f"{format_bytes(report['peak'])} of budget {format_bytes(budget)}, duration "
         f"{increase:+.2%} vs the reference order, solved in {result.solve_seconds:.2f} s"
     )
+    if result.solver != args.solver:
+        console.print(result.message)
     console.print(f"wrote {args.output}")
     return 0
 

@@ -140,7 +140,7 @@ def test_solvers_lists_the_registry(capsys):
     assert main(["solvers"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == solvers.available()
-    assert "cpsat      general" in lines
+    assert "cpsat      training and general" in lines
 
 
 @pytest.mark.parametrize("budget", ["0", "-5", "abc", "nan", "0%", "5 parsecs"])
@@ -338,3 +338,27 @@ def test_solve_errors_are_one_line(tmp_path, capsys):
     argv = ["solve", str(good), "--budget", "0.8", "--solver", "greedy", "-o", str(out)]
     assert "solves the training problem only" in _error(capsys, argv)
     assert not out.exists()
+
+
+def test_solve_below_the_smallest_budget_names_it(tmp_path, capsys):
+    graph_file = REPO / "benchmarks" / "graphs" / "checkmate_vgg16_b256_224x224_train.json"
+    out = tmp_path / "schedule.json"
+    argv = ["solve", str(graph_file), "--budget", "0.05", "--solver", "chain_dp", "-o", str(out)]
+    message = _error(capsys, argv)
+    assert "below the smallest feasible peak" in message
+    assert not out.exists()
+    # The smallest budget named is one a solve then meets.
+    smallest = int(message.split("(")[2].split(" B)")[0])
+    argv = ["solve", str(graph_file), "--budget", str(smallest), "--solver", "director"]
+    assert main([*argv, "-o", str(out)]) == 0
+    assert json.loads(out.read_text())["peak"] <= smallest
+
+
+def test_solve_stands_in_the_director_when_an_exact_solver_finds_nothing(tmp_path, capsys):
+    graph_file = REPO / "benchmarks" / "graphs" / "random_layered_n100.json"
+    out = tmp_path / "schedule.json"
+    argv = ["solve", str(graph_file), "--budget", "0.9", "--solver", "cpsat", "--time-limit"]
+    assert main([*argv, "0.01", "-o", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["solver"] == "director" and report["peak"] <= report["budget"]
+    assert "cpsat found no schedule within the budget in 0.01 s" in capsys.readouterr().out

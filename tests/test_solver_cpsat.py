@@ -10,10 +10,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from strategies import chain_graph
 
 pytest.importorskip("ortools")
 
 from memplan import remat
+from memplan.errors import MissingDependency
 from memplan.graph import Graph, Node, SolveResult, load_node_link
 from memplan.planner.simulate import simulate
 from memplan.solvers import SolverOptions
@@ -191,3 +193,12 @@ def test_ortools_and_highspy_load_in_one_process_in_either_order(first: str) -> 
     code = f"{first}\n{both}highspy.Highs()\ncp_model.CpSolver()\n"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr[-500:]
+
+
+@pytest.mark.parametrize("problem", ["general", "training"])
+def test_missing_ortools_says_what_to_install(monkeypatch: pytest.MonkeyPatch, problem) -> None:
+    # Makes `from ortools.sat.python import cp_model` raise ImportError.
+    monkeypatch.setitem(sys.modules, "ortools.sat.python", None)
+    graph = random_dag(0, 3) if problem == "general" else chain_graph(3)
+    with pytest.raises(MissingDependency, match="pip install ortools"):
+        solve(graph, 10**6, SolverOptions(problem=problem, time_limit=5))

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from strategies import chain_graph
 
 from memplan import remat
 from memplan.errors import MemplanError, MissingDependency, UnsupportedModel
@@ -204,3 +205,11 @@ def test_missing_pulp_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setitem(sys.modules, "pulp", None)  # makes `import pulp` raise ImportError
     with pytest.raises(MissingDependency, match="pip install pulp"):
         milp.solve(random_dag(0, 3), 100, GENERAL)
+
+
+def test_missing_pulp_says_what_to_install_on_the_training_problem(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "pulp", None)
+    with pytest.raises(MissingDependency, match="pip install pulp"):
+        milp.solve(chain_graph(3), 10**6, SolverOptions(time_limit=5))

@@ -51,10 +51,10 @@ def solve(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
     `options.bandwidth` is not used yet: no paging, and a schedule without transfers is
     valid on any link.
     """
+    cp = _cp_model()
     if options.problem == "training":
         return releases.solve(graph, budget, options, NAME, _pick_releases)
     _check_graph(graph)
-    cp = _cp_model()
     started = time.perf_counter()
     deadline = started + options.time_limit
     scale = _Scale.of(graph, None if options.minimize_memory else budget)

@@ -49,9 +49,9 @@ def solve(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
     one found in the time left, and the message names its peak), or "timeout" (no
     solution in time; schedule None). options.time_limit covers building and solving.
     """
+    pulp = _import_pulp()
     if options.problem == "training":
         return releases.solve(graph, budget, options, NAME, _pick_releases)
-    pulp = _import_pulp()
     started = time.perf_counter()
     deadline = started + options.time_limit
     stages = _Stages.of(graph)
