@@ -76,7 +76,7 @@ def test_planned_step_matches_eager_and_prediction(name: str) -> None:
 # above), with a budget it reaches on all six models. chain_dp and linear checkpoint only
 # at cut points of the forward chain (on ResNet chain_dp's least peak is 72% of eager's),
 # and the director's ranking stops short of greedy on some models, so 50% is out of their
-# reach on some (docs/solvers.md has the least peak of each solver on each model).
+# reach on some (docs/training-solvers.md has the least peak of each solver on each model).
 SOLVER_BUDGETS = [
     ("chain_dp", "80%"),
     ("linear", "70%"),

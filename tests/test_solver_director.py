@@ -16,7 +16,7 @@ from memplan.errors import GraphError
 from memplan.graph import Decision, Graph, Node, load_node_link
 from memplan.planner.simulate import simulate
 from memplan.solvers import SolverOptions
-from memplan.solvers.director import solve, warm_start
+from memplan.solvers.director import solve
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 GRAPHS = Path(__file__).resolve().parents[1] / "benchmarks" / "graphs"
@@ -129,7 +129,6 @@ def test_general_releases_a_long_idle_value():
     assert result.status == "feasible" and peak == 151
     assert result.schedule.computes() == [0, 1, 2, 3, 0, 4]
     assert result.objective == 24.0
-    assert warm_start(graph, 160, GENERAL) == [0, 1, 2, 3, 0, 4]
 
 
 def test_general_refuses_graphs_with_resident_inputs():
@@ -180,7 +179,8 @@ def test_general_minimize_memory_goes_below_the_budgeted_peak():
 def test_general_is_deterministic_per_seed():
     graph = layered_graph(400, seed=1)
     budget = remat.resolve_budget(graph, "0.9")
-    assert warm_start(graph, budget, GENERAL) == warm_start(graph, budget, GENERAL)
+    first, second = solve(graph, budget, GENERAL), solve(graph, budget, GENERAL)
+    assert first.schedule is not None and first.schedule == second.schedule
 
 
 def test_general_scales_to_2000_nodes():

@@ -62,14 +62,6 @@ def solve(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
     return _solve_training(graph, budget, options, started, deadline)
 
 
-def warm_start(graph: Graph, budget: int, options: SolverOptions) -> list[int]:
-    """The general-problem sequence the director finds for `budget` (its least-peak one
-    when none fits): a hint for the exact solvers, which reach good incumbents much
-    sooner from a schedule that already recomputes the right values."""
-    deadline = time.perf_counter() + options.time_limit
-    return _general_search(graph, budget, options, deadline).sequence
-
-
 # --- general problem ----------------------------------------------------------------------
 
 
