@@ -15,11 +15,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from memplan.errors import InvalidSchedule
-from memplan.graph import Decision, Graph, NodeKind, SolveResult
+from memplan.graph import Decision, Graph, SolveResult
 from memplan.planner.simulate import MemoryTrace, simulate
 from memplan.solvers import SolverOptions, require_problem
 from memplan.solvers.baselines import sqrt_decisions
-from memplan.solvers.training import build_schedule, decider, recompute_chain_time
+from memplan.solvers.training import (
+    build_schedule,
+    decider,
+    recompute_chain_time,
+    saved_storages,
+)
 
 # Storages live at the peak that are scored per round, largest first: bounds the work
 # per round on big graphs, where the largest storages are the ones worth releasing.
@@ -82,7 +87,7 @@ def _descend(
     order: _Order,
 ) -> _Run:
     """Release the cheapest storage live at the peak until the peak is within `target`."""
-    groups = _saved_storages(graph)
+    groups = saved_storages(graph)
     window = _hiding_windows(graph) if options.bandwidth else {}
     decisions = dict(start)
     trace = _evaluate(graph, decisions, options)
@@ -120,16 +125,6 @@ def _evaluate(
 ) -> MemoryTrace:
     schedule = build_schedule(graph, decisions, bandwidth=options.bandwidth)
     return simulate(graph, schedule, bandwidth=options.bandwidth)
-
-
-def _saved_storages(graph: Graph) -> dict[int, list[int]]:
-    """Storage owner -> the saved candidates living in it (a base and its saved views)."""
-    groups: dict[int, list[int]] = {}
-    for v in graph.saved_candidates:
-        owner = graph.storage_owner[v]
-        if graph[owner].kind is NodeKind.COMPUTE and not graph[owner].is_backward:
-            groups.setdefault(owner, []).append(v)
-    return groups
 
 
 def _hiding_windows(graph: Graph) -> dict[int, float]:
