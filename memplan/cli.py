@@ -230,7 +230,7 @@ def _solve(args: argparse.Namespace, console: Console) -> int:
     graph = load_node_link(args.graph)
     budget = remat.resolve_budget(graph, args.budget)
     options = solvers.SolverOptions(
-        seed=args.seed, time_limit=args.time_limit, bandwidth=args.bandwidth, problem="general"
+        seed=args.seed, time_limit=args.time_limit, bandwidth=args.bandwidth
     )
     result = general.solve(graph, budget, args.solver, options)
     report = remat.solved_schedule(graph, budget, result, bandwidth=args.bandwidth)

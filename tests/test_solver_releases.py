@@ -13,20 +13,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import chain_graph, training_graphs
 
-from memplan.graph import Decision, Graph
+from memplan.errors import InvalidSchedule
+from memplan.graph import Graph
 from memplan.planner.simulate import simulate
 from memplan.solvers import SolverOptions, get_solver
 from memplan.solvers.releases import ReleaseModel
-from memplan.solvers.training import build_schedule, saved_storages
+from memplan.solvers.training import saved_storages, simulate_decisions
 
 PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 EXACT = ["milp", "cpsat"]
-
-
-def simulated(graph: Graph, decisions: dict[int, Decision], bandwidth: float | None):
-    return simulate(
-        graph, build_schedule(graph, decisions, bandwidth=bandwidth), bandwidth=bandwidth
-    )
 
 
 def fastest_within(graph: Graph, model: ReleaseModel, budget: int, bandwidth: float | None):
@@ -35,8 +30,8 @@ def fastest_within(graph: Graph, model: ReleaseModel, budget: int, bandwidth: fl
     for choice in itertools.product(*[[None, *group] for group in model.groups]):
         picked = frozenset(i for i in choice if i is not None)
         try:
-            trace = simulated(graph, model.decisions(picked), bandwidth)
-        except Exception:  # a combination whose chain cannot run
+            trace = simulate_decisions(graph, model.decisions(picked), bandwidth)[1]
+        except InvalidSchedule:  # a combination whose chain cannot run
             continue
         if trace.peak <= budget:
             best = min(best, trace.time)
@@ -53,7 +48,7 @@ def test_single_releases_and_pairs_are_measured_exactly(graph, bandwidth):
     picks = [frozenset([i]) for i in range(len(model.releases))]
     picks += [frozenset(x.pair) for x in model.interactions]
     for picked in picks:
-        trace = simulated(graph, model.decisions(picked), bandwidth)
+        trace = simulate_decisions(graph, model.decisions(picked), bandwidth)[1]
         assert model.predicted_peak(picked) == trace.peak
     assert len(model.groups) <= len(saved_storages(graph))
 
@@ -62,7 +57,7 @@ def test_single_releases_and_pairs_are_measured_exactly(graph, bandwidth):
 @given(training_graphs(max_layers=5), st.sampled_from([None, 20.0]), st.floats(0.3, 1.0))
 def test_exact_engines_are_valid_and_between_the_optimum_and_the_director(graph, bandwidth, share):
     options = SolverOptions(bandwidth=bandwidth, time_limit=10)
-    full = simulated(graph, {}, bandwidth).peak
+    full = simulate_decisions(graph, {}, bandwidth)[1].peak
     budget = max(1, math.floor(share * full))
     director = get_solver("director")(graph, budget, options)
     model = ReleaseModel.of(graph, options, time.perf_counter() + 60)
@@ -97,7 +92,7 @@ def test_exact_engines_beat_the_director_where_it_recomputes_too_much(name):
     """On a 12-layer chain of large activations at 60%, the model's optimum is faster
     than the director's and than greedy's schedules."""
     graph = chain_graph(12, act_bytes=100, param_bytes=10)
-    budget = int(0.6 * simulated(graph, {}, None).peak)
+    budget = int(0.6 * simulate_decisions(graph, {}, None)[1].peak)
     options = SolverOptions(time_limit=10)
     director = get_solver("director")(graph, budget, options)
     result = get_solver(name)(graph, budget, options)

@@ -14,7 +14,7 @@ import math
 import random
 import time
 from bisect import bisect_right
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +31,7 @@ from memplan.solvers.training import (
     position_profile,
     recompute_chain_time,
     saved_storages,
+    simulate_decisions,
 )
 
 # Fix-up rounds after the first prediction: each costs one build and one simulation.
@@ -429,7 +430,7 @@ def _solve_training(
             break
     assert best is not None
     trace, decisions = best
-    schedule = _schedule(graph, decisions, options)
+    schedule = build_schedule(graph, decisions, bandwidth=options.bandwidth)
     return _result(
         graph, budget, options, started, schedule, trace, trace.time, timed_out, decisions
     )
@@ -448,7 +449,7 @@ def _cycles(
     """Direct-then-restore cycles from `start`: the best state reached, and whether the
     deadline cut them short."""
     decisions = dict(start)
-    trace = _evaluate(graph, decisions, options)
+    _, trace = simulate_decisions(graph, decisions, options.bandwidth)
     # Storages the director has decided on (released, or kept again by _restore).
     released = {graph.storage_owner[v] for v, d in start.items() if d is not Decision.KEEP}
     best = (trace, dict(decisions))
@@ -490,7 +491,8 @@ def _direct_rounds(
 ) -> tuple[MemoryTrace, dict[int, Decision], bool]:
     """Release ranked storages where the predicted profile is over the target, simulate,
     and repeat with the simulated profile until it fits or nothing is left to release."""
-    mem = position_profile(graph, _schedule(graph, decisions, options), trace)
+    schedule = build_schedule(graph, decisions, bandwidth=options.bandwidth)
+    mem = position_profile(graph, schedule, trace)
     for _ in range(_ROUNDS):
         if trace.peak <= target:
             break
@@ -501,8 +503,7 @@ def _direct_rounds(
             break
         proposal = {**decisions, **changes}
         try:
-            schedule = _schedule(graph, proposal, options)
-            new_trace = simulate(graph, schedule, bandwidth=options.bandwidth)
+            schedule, new_trace = simulate_decisions(graph, proposal, options.bandwidth)
         except InvalidSchedule:
             break  # a chain the estimate thought possible is not: keep what we had
         decisions, trace = proposal, new_trace
@@ -533,22 +534,12 @@ def _restore(
             return trace, decisions, True
         proposal = {**decisions, **dict.fromkeys(storage.members, Decision.KEEP)}
         try:
-            new_trace = _evaluate(graph, proposal, options)
+            _, new_trace = simulate_decisions(graph, proposal, options.bandwidth)
         except InvalidSchedule:
             continue
         if (new_trace.peak, new_trace.time) < (trace.peak, trace.time):
             trace, decisions, changed = new_trace, proposal, True
     return (trace, decisions, False) if changed else None
-
-
-def _schedule(graph: Graph, decisions: Mapping[int, Decision], options: SolverOptions) -> Schedule:
-    return build_schedule(graph, decisions, bandwidth=options.bandwidth)
-
-
-def _evaluate(
-    graph: Graph, decisions: Mapping[int, Decision], options: SolverOptions
-) -> MemoryTrace:
-    return simulate(graph, _schedule(graph, decisions, options), bandwidth=options.bandwidth)
 
 
 def _rank_storages(graph: Graph, prefix: Sequence[float], seed: int) -> list[_Storage]:

@@ -30,13 +30,14 @@ def solve(graph: Graph, budget: int, solver: str, options: SolverOptions) -> Sol
     director_options = dataclasses.replace(options, time_limit=_DIRECTOR_SECONDS)
     if result.status == "timeout" and peak > budget and solver != "director":
         stand_in = get_solver("director")(graph, budget, director_options)
-        if _peak(graph, stand_in, options) <= budget:
+        stand_in_peak = _peak(graph, stand_in, options)
+        if stand_in_peak <= budget:
             return dataclasses.replace(
                 stand_in,
                 message=f"{solver} found no schedule within the budget in "
                 f"{options.time_limit:g} s; this is the director's schedule",
             )
-        peak = min(peak, _peak(graph, stand_in, options))
+        peak = min(peak, stand_in_peak)
     if peak > budget:
         least = get_solver("director")(
             graph, 0, dataclasses.replace(director_options, minimize_memory=True)

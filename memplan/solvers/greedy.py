@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from memplan.errors import InvalidSchedule
 from memplan.graph import Decision, Graph, SolveResult
-from memplan.planner.simulate import MemoryTrace, simulate
+from memplan.planner.simulate import MemoryTrace
 from memplan.solvers import SolverOptions, require_problem
 from memplan.solvers.baselines import sqrt_decisions
 from memplan.solvers.training import (
@@ -24,6 +24,7 @@ from memplan.solvers.training import (
     decider,
     recompute_chain_time,
     saved_storages,
+    simulate_decisions,
 )
 
 # Storages live at the peak that are scored per round, largest first: bounds the work
@@ -90,7 +91,7 @@ def _descend(
     groups = saved_storages(graph)
     window = _hiding_windows(graph) if options.bandwidth else {}
     decisions = dict(start)
-    trace = _evaluate(graph, decisions, options)
+    _, trace = simulate_decisions(graph, decisions, options.bandwidth)
     best = _Run(dict(decisions), trace, timed_out=False)
     tried: set[int] = set()
     while trace.peak > target:
@@ -104,7 +105,7 @@ def _descend(
         tried.add(owner)
         proposal = {**decisions, **changes}
         try:
-            new_trace = _evaluate(graph, proposal, options)
+            _, new_trace = simulate_decisions(graph, proposal, options.bandwidth)
         except InvalidSchedule:
             continue
         if new_trace.peak <= trace.peak:
@@ -118,13 +119,6 @@ def _descend(
 
 def _all_kept(members: list[int], decisions: dict[int, Decision]) -> bool:
     return all(decisions.get(v) is Decision.KEEP for v in members)
-
-
-def _evaluate(
-    graph: Graph, decisions: Mapping[int, Decision], options: SolverOptions
-) -> MemoryTrace:
-    schedule = build_schedule(graph, decisions, bandwidth=options.bandwidth)
-    return simulate(graph, schedule, bandwidth=options.bandwidth)
 
 
 def _hiding_windows(graph: Graph) -> dict[int, float]:

@@ -30,9 +30,9 @@ import numpy as np
 
 from memplan.errors import InvalidSchedule
 from memplan.graph import Decision, Graph, NodeKind, Schedule, SolveResult
-from memplan.planner.simulate import MemoryTrace, simulate
+from memplan.planner.simulate import MemoryTrace
 from memplan.solvers import SolverOptions, director
-from memplan.solvers.training import build_schedule, position_profile, saved_storages
+from memplan.solvers.training import position_profile, saved_storages, simulate_decisions
 
 # Share of the time limit the director gets for the incumbent and the hint.
 _DIRECTOR_SHARE = 0.25
@@ -272,14 +272,13 @@ def _ways_to_release(
 def _profile(
     graph: Graph, decisions: Mapping[int, Decision], options: SolverOptions
 ) -> tuple[np.ndarray, MemoryTrace]:
-    schedule = build_schedule(graph, decisions, bandwidth=options.bandwidth)
-    trace = simulate(graph, schedule, bandwidth=options.bandwidth)
+    schedule, trace = simulate_decisions(graph, decisions, options.bandwidth)
     return position_profile(graph, schedule, trace), trace
 
 
 def _judge(graph: Graph, decisions: dict[int, Decision], options: SolverOptions) -> _Judged:
-    schedule = build_schedule(graph, decisions, bandwidth=options.bandwidth)
-    return _Judged(decisions, schedule, simulate(graph, schedule, bandwidth=options.bandwidth))
+    schedule, trace = simulate_decisions(graph, decisions, options.bandwidth)
+    return _Judged(decisions, schedule, trace)
 
 
 def _better(new: MemoryTrace, old: MemoryTrace, budget: int, minimize_memory: bool) -> bool:

@@ -28,7 +28,7 @@ from memplan.graph import (
     Wait,
     with_frees,
 )
-from memplan.planner.simulate import MemoryTrace
+from memplan.planner.simulate import MemoryTrace, simulate
 
 
 def decider(graph: Graph, decisions: Mapping[int, Decision]) -> Callable[[int], Decision]:
@@ -84,6 +84,14 @@ def build_schedule(
     # The autograd engine holds the incoming gradients until the backward returns.
     steps = with_frees(graph, forward + backward, keep=_tangents(graph))
     return Schedule(steps=tuple(steps), backward_start=_split_index(steps, len(forward)))
+
+
+def simulate_decisions(
+    graph: Graph, decisions: Mapping[int, Decision], bandwidth: float | None
+) -> tuple[Schedule, MemoryTrace]:
+    """The schedule that carries out `decisions` and the simulator's trace of it."""
+    schedule = build_schedule(graph, decisions, bandwidth=bandwidth)
+    return schedule, simulate(graph, schedule, bandwidth=bandwidth)
 
 
 def _gradient_driven(graph: Graph) -> list[int]:
