@@ -48,32 +48,39 @@ def solve(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
     `minimize_memory`, phase 1 minimizes the peak itself and phase 2 the time at that peak
     (the objective reported is then the peak). Where no point within the budget is found,
     the least-peak schedule found is returned with status infeasible (proven) or timeout.
-    `options.bandwidth` is not used yet: no paging, and a schedule without transfers is
-    valid on any link.
+    With `options.bandwidth`, values may also be paged to host memory: the model on a time
+    axis of memplan/solvers/cpsat_paging.py solves instead.
     """
-    cp = _cp_model()
+    cp = cp_model_module()
     if options.problem == "training":
         return releases.solve(graph, budget, options, NAME, _pick_releases)
-    _check_graph(graph)
+    if options.bandwidth is not None and options.bandwidth > 0:
+        from memplan.solvers import cpsat_paging  # it builds on this module
+
+        return cpsat_paging.solve(graph, budget, options)
+    check_general_graph(graph)
     started = time.perf_counter()
     deadline = started + options.time_limit
-    scale = _Scale.of(graph, None if options.minimize_memory else budget)
+    scale = Scale.of(graph, None if options.minimize_memory else budget)
 
     # Phase 1: a feasible point (or the least peak).
-    floor = scale.footprint if options.minimize_memory else scale.capacity
+    # No schedule peaks below a node with its inputs: a floor CP-SAT can prove at once.
+    floor = scale.footprint if options.minimize_memory else max(scale.capacity, scale.footprint)
     first = _build(graph, scale, capacity=(floor, max(floor, scale.total)))
     first.model.minimize(first.capacity)
-    _hint(first, graph, _start(graph))
+    _hint(first, graph, start_order(graph))
     status1, solver1 = _run(first, deadline, options)
     if status1 not in (cp.OPTIMAL, cp.FEASIBLE):
-        return _result(options, started, "timeout", None, message="no point found in time")
+        return make_result(options, started, "timeout", None, message="no point found in time")
     sequence = _decode(first, solver1)
     least_peak = remat.score(graph, sequence).peak
     proven_peak = status1 == cp.OPTIMAL
     if not options.minimize_memory and solver1.value(first.capacity) > scale.capacity:
-        status = "infeasible" if proven_peak else "timeout"
+        status = "infeasible" if proven_peak or scale.footprint_bytes > budget else "timeout"
         message = f"least peak found: {least_peak} B" + scale.caveat(proven_peak)
-        return _result(options, started, status, _checked(graph, sequence, None), message=message)
+        return make_result(
+            options, started, status, _checked(graph, sequence, None), message=message
+        )
 
     # Phase 2: the least recomputation time within the capacity phase 1 reached.
     limit = solver1.value(first.capacity) if options.minimize_memory else scale.capacity
@@ -89,7 +96,7 @@ def solve(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
     schedule = _checked(graph, sequence, None if options.minimize_memory else budget)
     if options.minimize_memory:
         status = "optimal" if proven_peak else "feasible"
-        return _result(
+        return make_result(
             options,
             started,
             status,
@@ -99,7 +106,7 @@ def solve(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
             message=f"duration {result.duration:g}" + scale.caveat(proven_peak),
         )
     status = "optimal" if status2 == cp.OPTIMAL else "feasible"
-    return _result(
+    return make_result(
         options,
         started,
         status,
@@ -114,7 +121,7 @@ def solve(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
 
 
 @dataclass(frozen=True)
-class _Scale:
+class Scale:
     """Bytes and times as the small integers CP-SAT gets.
 
     Demands are bytes divided by `quantum` and rounded up, the capacity the budget divided
@@ -127,6 +134,7 @@ class _Scale:
     demand: tuple[int, ...]
     capacity: int
     footprint: int  # the largest scaled memory one computation needs: a floor for the peak
+    footprint_bytes: int  # the same in bytes: no schedule peaks lower
     total: int  # all demands together: the peak if nothing were ever freed
     cost: tuple[int, ...]
     per_time: float
@@ -134,7 +142,7 @@ class _Scale:
     exact: bool  # the quantum divides every size: scaled peaks are true peaks / quantum
 
     @classmethod
-    def of(cls, graph: Graph, budget: int | None) -> _Scale:
+    def of(cls, graph: Graph, budget: int | None) -> Scale:
         sizes = [n.bytes for n in graph]
         reach = budget if budget is not None else sum(sizes)
         quantum = math.gcd(*sizes, reach) or 1
@@ -142,6 +150,7 @@ class _Scale:
             quantum = -(-reach // CAPACITY_UNITS)
         demand = tuple(-(-b // quantum) for b in sizes)
         footprint = max(demand[n.id] + sum(demand[u] for u in set(n.inputs)) for n in graph)
+        footprint_bytes = max(n.bytes + sum(sizes[u] for u in set(n.inputs)) for n in graph)
         times = [n.time for n in graph]
         largest = max(times, default=0.0)
         if all(t.is_integer() for t in times) and sum(times) <= 2**40:
@@ -155,6 +164,7 @@ class _Scale:
             demand=demand,
             capacity=(budget // quantum) if budget is not None else 0,
             footprint=footprint,
+            footprint_bytes=footprint_bytes,
             total=sum(demand),
             cost=cost,
             per_time=per_time,
@@ -194,9 +204,9 @@ class _Model:
     costs: list[int] = field(default_factory=list)
 
 
-def _build(graph: Graph, scale: _Scale, capacity: tuple[int, int]) -> _Model:
+def _build(graph: Graph, scale: Scale, capacity: tuple[int, int]) -> _Model:
     """Moccasin's model with the memory capacity a variable in the closed range `capacity`."""
-    model = _cp_model().CpModel()
+    model = cp_model_module().CpModel()
     n = len(graph)
     outputs = set(graph.outputs)
     # A node nothing reads gains nothing from a second copy; an output's single copy stays
@@ -323,7 +333,7 @@ def _hint(m: _Model, graph: Graph, sequence: Sequence[int]) -> None:
     m.model.add_hint(m.slots, len(sequence))
 
 
-def _start(graph: Graph) -> list[int]:
+def start_order(graph: Graph) -> list[int]:
     """The lower-peak of two orders without recomputation: the reference order, and one
     that greedily runs the ready node that leaves the least memory resident. A hint within
     the budget lets phase 1 stop at once; CP-SAT takes minutes to find one on its own."""
@@ -354,7 +364,7 @@ def _start(graph: Graph) -> list[int]:
 # --- search and extraction ---------------------------------------------------------------
 
 
-def _cp_model() -> ModuleType:
+def cp_model_module() -> ModuleType:
     """OR-Tools' CP-SAT module, or MissingDependency saying what to install."""
     try:
         from ortools.sat.python import cp_model
@@ -365,13 +375,13 @@ def _cp_model() -> ModuleType:
 
 def _run(m: _Model, deadline: float, options: SolverOptions) -> tuple[int, cp_model.CpSolver]:
     """Solve with the seed, workers and what is left of the time limit."""
-    solver = _solver(deadline, options)
+    solver = make_solver(deadline, options)
     return solver.solve(m.model), solver
 
 
-def _solver(deadline: float, options: SolverOptions) -> cp_model.CpSolver:
+def make_solver(deadline: float, options: SolverOptions) -> cp_model.CpSolver:
     """A CP-SAT solver with the seed, the workers and what is left of the time limit."""
-    solver = _cp_model().CpSolver()
+    solver = cp_model_module().CpSolver()
     solver.parameters.random_seed = options.seed
     solver.parameters.num_workers = WORKERS
     solver.parameters.max_time_in_seconds = max(0.01, deadline - time.perf_counter())
@@ -399,7 +409,7 @@ def _checked(graph: Graph, sequence: Sequence[int], budget: int | None) -> Sched
     return schedule
 
 
-def _result(
+def make_result(
     options: SolverOptions,
     started: float,
     status: str,
@@ -426,7 +436,7 @@ def _result(
     )
 
 
-def _check_graph(graph: Graph) -> None:
+def check_general_graph(graph: Graph) -> None:
     """The general problem computes every node: resident inputs and shared storages
     (views, carved outputs) belong to the training problem."""
     for node in graph:
@@ -449,7 +459,7 @@ def _pick_releases(
     """The release model in CP-SAT: a Boolean per release and per interaction (their
     product), a linear row per position in exact bytes, the cuts as clauses, and `hint`
     as the starting point. Times are scaled to integers, the largest term at TIME_UNITS."""
-    cp = _cp_model()
+    cp = cp_model_module()
     m = cp.CpModel()
     picked = [m.new_bool_var(f"r{i}") for i in range(len(model.releases))]
     for group in model.groups:
@@ -477,7 +487,7 @@ def _pick_releases(
         )
     for i, x in enumerate(picked):
         m.add_hint(x, i in hint)
-    solver = _solver(deadline, options)
+    solver = make_solver(deadline, options)
     status = solver.solve(m)
     if status not in (cp.OPTIMAL, cp.FEASIBLE):
         return Pick("infeasible" if status == cp.INFEASIBLE else "timeout", None)

@@ -1,8 +1,12 @@
 """The Checkmate rematerialization MILP (Jain et al., MLSys 2020) for the general problem,
-through PuLP with HiGHS (or CBC): exact, but O(T^2) binaries for T computed nodes.
+with POET's paging (Patil et al., ICML 2022) when a host link is given, through PuLP with
+HiGHS (or CBC): exact, but O(T^2) binaries for T computed nodes.
 
-See ../../shared/docs/formulations.md section 2. The model is solved in "stages": stage t
-computes node t for the first time, and before it may recompute any earlier node.
+See ../../shared/docs/formulations.md sections 2 and 4. The model is solved in "stages":
+stage t computes node t for the first time, and before it may recompute any earlier node.
+With paging, a stage may also start page-outs of resident values and page-ins of values
+held in host memory; the copy stream runs beside the stage's computations, and the stage
+lasts as long as the longer of the two (docs/solvers/milp.md).
 """
 
 from __future__ import annotations
@@ -11,15 +15,14 @@ import dataclasses
 import importlib.util
 import math
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 from memplan import remat
 from memplan.errors import InvalidSchedule, MemplanError, MissingDependency, UnsupportedModel
-from memplan.graph import Graph, Schedule, SolveResult
-from memplan.planner.simulate import simulate
+from memplan.graph import Compute, Free, Graph, Offload, Prefetch, Schedule, SolveResult, Step, Wait
+from memplan.planner.simulate import MemoryTrace, simulate
 from memplan.solvers import SolverOptions, releases
 from memplan.solvers.releases import Effect, Pick, ReleaseModel
 
@@ -54,7 +57,7 @@ def solve(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
         return releases.solve(graph, budget, options, NAME, _pick_releases)
     started = time.perf_counter()
     deadline = started + options.time_limit
-    stages = _Stages.of(graph)
+    stages = _Stages.of(graph, options.bandwidth)
 
     if options.minimize_memory:
         least = _least_peak(pulp, graph, stages, deadline, options)
@@ -92,10 +95,16 @@ class _Stages:
     cost_scale: float
     baseline: int  # bytes of the resident inputs
     least_peak: int  # no schedule peaks lower: a node, its inputs and the resident bytes
+    # With paging: position -> time to move it over the host link (scaled as cost), and
+    # the positions that may be paged (offloadable, not outputs). None: no paging.
+    transfer: tuple[float, ...] | None = None
+    pageable: frozenset[int] = frozenset()
+    bandwidth: float | None = None  # the host link, for the simulator
 
     @classmethod
-    def of(cls, graph: Graph) -> _Stages:
-        """UnsupportedModel for views and carved outputs (the literature's memory model
+    def of(cls, graph: Graph, bandwidth: float | None = None) -> _Stages:
+        """The stages, with paging over a host link of `bandwidth` bytes per time unit when
+        given. UnsupportedModel for views and carved outputs (the literature's memory model
         has neither); MemplanError when the graph has more than MAX_STAGES nodes."""
         for node in graph:
             if not node.is_resident_input and (
@@ -129,17 +138,28 @@ class _Stages:
             (sizes[k] + sum(sizes[u] for u in inputs[k]) for k in range(len(order))),
             default=0,
         )
+        outputs = frozenset(position[o] for o in graph.outputs if o in position)
+        transfer = None
+        if bandwidth is not None and bandwidth > 0:
+            transfer = tuple(size / bandwidth / cost_scale for size in sizes)
         return cls(
             order=order,
             inputs=inputs,
             users=tuple(tuple(r) for r in users),
-            outputs=frozenset(position[o] for o in graph.outputs if o in position),
+            outputs=outputs,
             memory=tuple(s / memory_scale for s in sizes),
             cost=tuple(t / cost_scale for t in times),
             memory_scale=memory_scale,
             cost_scale=cost_scale,
             baseline=baseline,
             least_peak=baseline + least,
+            transfer=transfer,
+            bandwidth=bandwidth if transfer is not None else None,
+            pageable=frozenset(
+                k
+                for k, v in enumerate(order)
+                if transfer is not None and graph[v].offloadable and k not in outputs
+            ),
         )
 
     def __len__(self) -> int:
@@ -148,11 +168,11 @@ class _Stages:
 
 @dataclass(frozen=True)
 class _Outcome:
-    """What one MILP solve gave: a status, the decoded sequence (node ids) if any, and
-    the solver's objective bound and relative gap (scaled units) where it reports them."""
+    """What one MILP solve gave: a status, the decoded schedule if any, and the solver's
+    objective bound and relative gap (scaled units) where it reports them."""
 
     status: str
-    sequence: tuple[int, ...] | None
+    schedule: Schedule | None
     bound: float | None
     gap: float | None
 
@@ -161,15 +181,30 @@ class _Outcome:
 
 
 @dataclass
+class _Paging:
+    """POET's paging variables. Out[t,k]: page k out during stage t (a copy resident
+    entering t); In[t,k]: page k in during stage t (resident from stage t+1); H[t,k]: a
+    host copy of k exists entering stage t (continuous: bounded by the page-outs before
+    t, it is 1 wherever a page-in needs it)."""
+
+    Out: dict[tuple[int, int], Any]
+    In: dict[tuple[int, int], Any]
+    H: dict[tuple[int, int], Any]
+
+
+@dataclass
 class _Model:
     """The PuLP problem and the variables the extraction reads."""
 
     problem: Any
     R: dict[tuple[int, int], Any]
+    S: dict[tuple[int, int], Any]
+    paging: _Paging | None
 
 
 def _build(pulp: ModuleType, stages: _Stages, budget: int | None, deadline: float) -> _Model | None:
-    """The Checkmate MILP; with budget None, minimize the peak instead of the time.
+    """The Checkmate MILP, with POET's paging where stages.transfer is set; with budget
+    None, minimize the peak instead of the time.
 
     R[t,k]: compute k in stage t. S[t,k]: k resident entering stage t. F[t,u,k]: free u
     right after computing k in stage t (continuous: its upper bounds force it to 0 or 1
@@ -190,6 +225,7 @@ def _build(pulp: ModuleType, stages: _Stages, budget: int | None, deadline: floa
         for k in range(t):
             fixed = 1 if k in stages.outputs else None
             S[t, k] = problem.add_variable(f"S_{t}_{k}", 0, 1, binary) if fixed is None else fixed
+    model = _Model(problem=problem, R=R, S=S, paging=_paging_variables(problem, stages, binary))
 
     peak = None
     if budget is None:
@@ -203,42 +239,88 @@ def _build(pulp: ModuleType, stages: _Stages, budget: int | None, deadline: floa
     else:
         # Bytes are whole: half a byte of room admits a peak exactly at the budget.
         limit = (budget - stages.baseline + 0.5) / stages.memory_scale
-        problem += pulp.lpSum(stages.cost[k] * R[t, k] for t in range(T) for k in range(t + 1))
+        compute = pulp.lpSum(stages.cost[k] * R[t, k] for t in range(T) for k in range(t + 1))
+        problem += compute + _exposed_transfers(pulp, problem, stages, model)
 
     for t in range(T):
         if time.perf_counter() > deadline:
             return None
-        _add_stage(pulp, problem, stages, t, R, S, limit, peak)
-    return _Model(problem=problem, R=R)
+        _add_stage(pulp, stages, t, model, limit, peak)
+    return model
+
+
+def _paging_variables(problem: Any, stages: _Stages, binary: Any) -> _Paging | None:
+    """Out, In and H for every pageable position k and stage t > k; None without paging."""
+    if stages.transfer is None:
+        return None
+    paging = _Paging(Out={}, In={}, H={})
+    pageable = sorted(stages.pageable)
+    for t in range(len(stages)):
+        for k in pageable:
+            if k >= t:
+                break
+            paging.Out[t, k] = problem.add_variable(f"Out_{t}_{k}", 0, 1, binary)
+            paging.In[t, k] = problem.add_variable(f"In_{t}_{k}", 0, 1, binary)
+            # No host copy before a page-out: entering stage k+1 there is none yet.
+            paging.H[t, k] = 0 if t == k + 1 else problem.add_variable(f"H_{t}_{k}", 0, 1)
+    return paging
+
+
+def _exposed_transfers(pulp: ModuleType, problem: Any, stages: _Stages, model: _Model) -> Any:
+    """The time transfers add: per stage, what the copy stream's work exceeds its compute
+    by (E_t >= transfers - compute, E_t >= 0). Zero without paging."""
+    paging = model.paging
+    if paging is None or stages.transfer is None:
+        return 0
+    exposed = []
+    for t in range(len(stages)):
+        moves = [
+            stages.transfer[k] * (paging.Out[t, k] + paging.In[t, k])
+            for k in range(t)
+            if (t, k) in paging.Out
+        ]
+        if not moves:
+            continue
+        late = problem.add_variable(f"E_{t}", 0)
+        compute = pulp.lpSum(stages.cost[k] * model.R[t, k] for k in range(t + 1))
+        problem += late >= pulp.lpSum(moves) - compute, f"exposed_{t}"
+        exposed.append(late)
+    return pulp.lpSum(exposed)
 
 
 def _add_stage(
     pulp: ModuleType,
-    problem: Any,
     stages: _Stages,
     t: int,
-    R: dict[tuple[int, int], Any],
-    S: dict[tuple[int, int], Any],
+    model: _Model,
     limit: float | None,
     peak: Any | None,
 ) -> None:
-    """Stage t's dependency, retention, free and memory constraints."""
+    """Stage t's dependency, retention, paging, free and memory constraints."""
     T = len(stages)
+    problem, R, S, paging = model.problem, model.R, model.S, model.paging
     for k in range(t + 1):
         for u in stages.inputs[k]:
             # An output's copy is always there (S fixed to 1): nothing to constrain.
             if u not in stages.outputs and not _is_zero(R[t, k]):
                 problem += R[t, k] <= R[t, u] + S[t, u], f"dep_{t}_{u}_{k}"
+    arriving = [] if paging is None else [k for k in range(t) if (t, k) in paging.In]
     if t + 1 < T:
         for v in range(t + 1):
             if v not in stages.outputs:
-                problem += S[t + 1, v] <= (S.get((t, v), 0) + R[t, v]), f"keep_{t + 1}_{v}"
+                paged_in = paging.In[t, v] if v in arriving and paging is not None else 0
+                kept = S.get((t, v), 0) + R[t, v] + paged_in
+                problem += S[t + 1, v] <= kept, f"keep_{t + 1}_{v}"
+    if paging is not None:
+        _add_paging(problem, stages, t, model, paging)
 
     memory = stages.memory
     usage = pulp.lpSum(memory[v] * S[t, v] for v in range(t)) + memory[0] * R[t, 0]
+    if paging is not None:  # a page-in allocates when it starts, at the stage's start
+        usage = usage + pulp.lpSum(memory[k] * paging.In[t, k] for k in arriving)
     for k in range(t + 1):
         if k > 0:
-            usage = usage + memory[k] * R[t, k] - _freed(pulp, problem, stages, t, k - 1, R, S)
+            usage = usage + memory[k] * R[t, k] - _freed(pulp, stages, t, k - 1, model)
         used = problem.add_variable(f"U_{t}_{k}", 0, limit)
         problem += used == usage, f"mem_{t}_{k}"
         if peak is not None:
@@ -246,18 +328,30 @@ def _add_stage(
         usage = used
 
 
-def _freed(
-    pulp: ModuleType,
-    problem: Any,
-    stages: _Stages,
-    t: int,
-    k: int,
-    R: dict[tuple[int, int], Any],
-    S: dict[tuple[int, int], Any],
-) -> Any:
+def _add_paging(problem: Any, stages: _Stages, t: int, model: _Model, paging: _Paging) -> None:
+    """POET's paging rows for stage t: a page-out reads a resident copy, a page-in a host
+    copy, and a host copy persists once made. Beyond POET, as the simulator requires: no
+    page-in of a value already resident, and neither kind of transfer of a value the
+    stage recomputes (its old copy would still be in use)."""
+    R, S = model.R, model.S
+    for k in range(t):
+        if (t, k) not in paging.Out:
+            continue
+        out, page_in = paging.Out[t, k], paging.In[t, k]
+        problem += out <= S[t, k], f"out_resident_{t}_{k}"
+        problem += page_in <= paging.H[t, k], f"in_host_{t}_{k}"
+        problem += page_in + S[t, k] <= 1, f"in_absent_{t}_{k}"
+        problem += page_in + out + R[t, k] <= 1, f"move_or_compute_{t}_{k}"
+        if (t + 1, k) in paging.H:
+            problem += paging.H[t + 1, k] <= paging.H[t, k] + out, f"host_{t + 1}_{k}"
+
+
+def _freed(pulp: ModuleType, stages: _Stages, t: int, k: int, model: _Model) -> Any:
     """The memory freed right after stage t computes k: each of k's inputs and k itself
-    that no later node of stage t reads and stage t+1 does not keep (outputs never)."""
+    that no later node of stage t reads and stage t+1 does not keep (outputs never), and
+    that stage t does not page out (a copy being read by the copy stream stays)."""
     T = len(stages)
+    problem, R, S, paging = model.problem, model.R, model.S, model.paging
     freed = []
     for u in (*stages.inputs[k], k):
         later = [R[t, j] for j in stages.users[u] if k < j <= t]
@@ -270,6 +364,8 @@ def _freed(
             problem += free <= R[t, k], f"free_run_{t}_{u}_{k}"
         if t + 1 < T:
             problem += free <= 1 - S[t + 1, u], f"free_kept_{t}_{u}_{k}"
+        if paging is not None and (t, u) in paging.Out:
+            problem += free <= 1 - paging.Out[t, u], f"free_paged_{t}_{u}_{k}"
         for j, r in zip((j for j in stages.users[u] if k < j <= t), later, strict=True):
             if not _is_zero(r):
                 problem += free <= 1 - r, f"free_read_{t}_{u}_{k}_{j}"
@@ -284,6 +380,11 @@ def _is_zero(value: Any) -> bool:
 
 def _is_one(value: Any) -> bool:
     return isinstance(value, int) and value == 1
+
+
+def _on(value: Any) -> bool:
+    """A binary's value in the solution (a fixed one is a Python int)."""
+    return (value if isinstance(value, int) else (value.varValue or 0.0)) > 0.5
 
 
 # --- solve and extract -----------------------------------------------------------------
@@ -304,22 +405,20 @@ def _import_pulp() -> ModuleType:
 def _least_peak(
     pulp: ModuleType, graph: Graph, stages: _Stages, deadline: float, options: SolverOptions
 ) -> _Outcome:
-    """The least peak, then the fastest sequence at that peak in the time left.
+    """The least peak, then the fastest schedule at that peak in the time left.
 
     Minimizing the peak alone leaves the time free, and the solver's first optimum is
     often full of useless recomputation; the second solve keeps the first's status and
-    bound (both are about the peak) and only replaces its sequence.
+    bound (both are about the peak) and only replaces its schedule.
     """
-    least = _solve_stage(pulp, stages, None, deadline, options)
-    if least.sequence is None:
+    least = _solve_stage(pulp, graph, stages, None, deadline, options)
+    if least.schedule is None:
         return least
-    peak = _peak(graph, least.sequence)
-    fastest = _within(pulp, graph, stages, peak, deadline, options)
-    if fastest.sequence is None:
+    first = _trace(graph, stages, least.schedule)
+    fastest = _within(pulp, graph, stages, first.peak, deadline, options)
+    if fastest.schedule is None or _trace(graph, stages, fastest.schedule).time > first.time:
         return least
-    if _duration(graph, fastest.sequence) > _duration(graph, least.sequence):
-        return least
-    return dataclasses.replace(least, sequence=fastest.sequence)
+    return dataclasses.replace(least, schedule=fastest.schedule)
 
 
 def _within(
@@ -330,18 +429,18 @@ def _within(
     deadline: float,
     options: SolverOptions,
 ) -> _Outcome:
-    """The fastest sequence whose simulated peak fits `budget`.
+    """The fastest schedule whose simulated peak fits `budget`.
 
-    The scaled model is trusted only as far as the simulator agrees: a sequence over the
+    The scaled model is trusted only as far as the simulator agrees: a schedule over the
     budget (by the solver's tolerance) is answered by solving again with the budget
     tightened by the overshoot.
     """
     target = budget
     for _ in range(_RETRIES):
-        outcome = _solve_stage(pulp, stages, target, deadline, options)
-        if outcome.sequence is None:
+        outcome = _solve_stage(pulp, graph, stages, target, deadline, options)
+        if outcome.schedule is None:
             return outcome
-        over = _peak(graph, outcome.sequence) - budget
+        over = _trace(graph, stages, outcome.schedule).peak - budget
         if over <= 0:
             return outcome
         target -= over
@@ -351,12 +450,9 @@ def _within(
     )
 
 
-def _peak(graph: Graph, sequence: Sequence[int]) -> int:
-    return simulate(graph, remat.to_schedule(graph, sequence)).peak
-
-
-def _duration(graph: Graph, sequence: Sequence[int]) -> float:
-    return sum(graph[v].time for v in sequence)
+def _trace(graph: Graph, stages: _Stages, schedule: Schedule) -> MemoryTrace:
+    """The simulator's verdict on a decoded schedule (over the host link when paging)."""
+    return simulate(graph, schedule, bandwidth=stages.bandwidth)
 
 
 def _highs_available() -> bool:
@@ -365,6 +461,7 @@ def _highs_available() -> bool:
 
 def _solve_stage(
     pulp: ModuleType,
+    graph: Graph,
     stages: _Stages,
     budget: int | None,
     deadline: float,
@@ -377,8 +474,8 @@ def _solve_stage(
         return _Outcome("timeout", None, None, None)
     model.problem.solve(_backend(pulp, remaining, options))
     status, bound, gap = _read_status(pulp, model.problem)
-    sequence = _sequence(stages, model.R) if status in ("optimal", "feasible") else None
-    return _Outcome(status, sequence, bound, gap)
+    schedule = _decode(graph, stages, model) if status in ("optimal", "feasible") else None
+    return _Outcome(status, schedule, bound, gap)
 
 
 def _backend(pulp: ModuleType, remaining: float, options: SolverOptions) -> Any:
@@ -418,28 +515,55 @@ def _read_status(pulp: ModuleType, problem: Any) -> tuple[str, float | None, flo
     return ("optimal" if proved else "feasible"), bound, gap
 
 
-def _sequence(stages: _Stages, R: dict[tuple[int, int], Any]) -> tuple[int, ...]:
-    """Stage by stage, the nodes computed in it in topological order, as node ids."""
-    T = len(stages)
-    return tuple(
-        stages.order[k]
-        for t in range(T)
-        for k in range(t + 1)
-        if (R[t, k] if isinstance(R[t, k], int) else (R[t, k].varValue or 0.0)) > 0.5
-    )
+def _decode(graph: Graph, stages: _Stages, model: _Model) -> Schedule:
+    """The solution as a Schedule: without paging, the computed nodes stage by stage in
+    topological order, each copy freed after its last read; with paging, _paged_steps."""
+    if model.paging is None:
+        T = len(stages)
+        sequence = [stages.order[k] for t in range(T) for k in range(t + 1) if _on(model.R[t, k])]
+        return remat.to_schedule(graph, sequence)
+    return Schedule(steps=tuple(_paged_steps(stages, model, model.paging)))
 
 
-def _schedule(graph: Graph, sequence: Sequence[int], budget: int | None) -> tuple[Schedule, int]:
-    """The sequence as a Schedule and its simulated peak; InvalidSchedule if it is over
-    `budget`, which would mean the scaled model hid a violation."""
-    schedule = remat.to_schedule(graph, sequence)
-    trace = simulate(graph, schedule)
-    if budget is not None and trace.peak > budget:
-        raise InvalidSchedule(
-            f"milp: decoded schedule peaks at {trace.peak} B, over the budget of {budget} B "
-            "(a numerical tolerance of the MILP; please report this graph)"
+def _paged_steps(stages: _Stages, model: _Model, paging: _Paging) -> list[Step]:
+    """Stage by stage: the stage's page-outs and page-ins start it (so the copy stream
+    runs beside its computations); each computation follows, and a copy is freed after
+    its last read in the stage unless stage t+1 keeps it or the stage pages it out; the
+    stage ends waiting for its page-ins and freeing what stage t+1 does not keep. Memory
+    never exceeds the model's U, and the simulated time never exceeds its objective."""
+    T, node = len(stages), stages.order
+    steps: list[Step] = []
+    resident: set[int] = set()
+    for t in range(T):
+        computed = [k for k in range(t + 1) if _on(model.R[t, k])]
+        kept = {
+            k for k in range(t + 1) if k in stages.outputs or (t + 1 < T and _on(model.S[t + 1, k]))
+        }
+        leaving = sorted(k for k in resident if _on(paging.Out.get((t, k), 0)))
+        arriving = [k for k in range(t) if _on(paging.In.get((t, k), 0))]
+        steps += [Offload(node[k]) for k in leaving] + [Prefetch(node[k]) for k in arriving]
+        last_read = {u: k for k in computed for u in stages.inputs[k]}
+        held = kept | set(leaving)
+        # An old copy of a node recomputed here, and a copy nothing here reads or holds.
+        idle = sorted(
+            k for k in resident if k in computed or (k not in held and k not in last_read)
         )
-    return schedule, trace.peak
+        steps += [Free(node[k]) for k in idle]
+        resident.difference_update(idle)
+        for k in computed:
+            steps.append(Compute(node[k]))
+            resident.add(k)
+            for u in dict.fromkeys((*stages.inputs[k], k)):
+                done = last_read.get(u) == k or (u == k and k not in last_read)
+                if done and u not in held and u in resident:
+                    steps.append(Free(node[u]))
+                    resident.discard(u)
+        steps += [Wait(node[k]) for k in arriving]
+        resident.update(arriving)
+        ending = sorted(resident - kept)
+        steps += [Free(node[k]) for k in ending]
+        resident.difference_update(ending)
+    return steps
 
 
 def _result(
@@ -453,8 +577,13 @@ def _result(
     minimized: bool,
 ) -> SolveResult:
     """The SolveResult of a time-minimizing solve, or of a peak-minimizing one (objective
-    and bound then in bytes, and the status says nothing about `budget`)."""
-    if outcome.sequence is None:
+    and bound then in bytes, and the status says nothing about `budget`).
+
+    With paging the model charges each stage the longer of its compute and its transfers,
+    which the simulator's copy stream can only beat: an optimum of the model is not a
+    proved optimum of the simulated time, so the status is then "feasible" and no time
+    bound is given (a least peak at the trivial floor is still proved)."""
+    if outcome.schedule is None:
         return SolveResult(
             solver=NAME,
             status=outcome.status,
@@ -465,25 +594,47 @@ def _result(
             if outcome.status == "timeout"
             else "",
         )
-    schedule, peak = _schedule(graph, outcome.sequence, None if minimized else budget)
-    duration = _duration(graph, outcome.sequence)
+    trace = _checked(graph, stages, outcome.schedule, None if minimized else budget)
+    status = outcome.status
     if minimized:
-        objective = float(peak)
+        objective = float(trace.peak)
         bound = _bytes(stages, outcome.bound)
+        if stages.transfer is not None and trace.peak > stages.least_peak:
+            status, bound = _model_only(status), None
     else:
-        objective = duration
+        objective = trace.time
         bound = None if outcome.bound is None else outcome.bound * stages.cost_scale
+        if stages.transfer is not None:
+            status, bound = _model_only(status), None
     return SolveResult(
         solver=NAME,
-        status=outcome.status,
-        schedule=schedule,
+        status=status,
+        schedule=outcome.schedule,
         objective=objective,
         lower_bound=bound,
-        gap=outcome.gap,
+        gap=None if bound is None else outcome.gap,
         solve_seconds=time.perf_counter() - started,
         options=options.to_json(),
-        message=f"peak {peak} B, duration {duration:g}",
+        message=f"peak {trace.peak} B, duration {trace.time:g}"
+        + (" (optimal for the stage model of transfers)" if status != outcome.status else ""),
     )
+
+
+def _model_only(status: str) -> str:
+    """A status about the paging model, as a status about the simulated schedule."""
+    return "feasible" if status == "optimal" else status
+
+
+def _checked(graph: Graph, stages: _Stages, schedule: Schedule, budget: int | None) -> MemoryTrace:
+    """The schedule's trace; InvalidSchedule if it is over `budget`, which would mean the
+    scaled model hid a violation."""
+    trace = _trace(graph, stages, schedule)
+    if budget is not None and trace.peak > budget:
+        raise InvalidSchedule(
+            f"milp: decoded schedule peaks at {trace.peak} B, over the budget of {budget} B "
+            "(a numerical tolerance of the MILP; please report this graph)"
+        )
+    return trace
 
 
 def _bytes(stages: _Stages, scaled: float | None) -> float | None:
@@ -499,11 +650,10 @@ def _infeasible(
     options: SolverOptions,
     started: float,
 ) -> SolveResult:
-    """No sequence fits `budget`: return the least-peak sequence found in the time left
+    """No schedule fits `budget`: return the least-peak schedule found in the time left
     (none if time ran out) and say how low a budget can go."""
-    schedule = None
-    if least.sequence is not None:
-        schedule, peak = _schedule(graph, least.sequence, None)
+    if least.schedule is not None:
+        peak = _checked(graph, stages, least.schedule, None).peak
         proved = "the least possible" if least.status == "optimal" else "the least found"
         if peak <= stages.least_peak:
             proved = "the least possible"
@@ -513,7 +663,7 @@ def _infeasible(
     return SolveResult(
         solver=NAME,
         status="infeasible",
-        schedule=schedule,
+        schedule=least.schedule,
         solve_seconds=time.perf_counter() - started,
         options=options.to_json(),
         message=message,
