@@ -19,6 +19,7 @@ from memplan import cli as cli_module
 from memplan import solvers
 from memplan.cli import main
 from memplan.errors import PlanFileError
+from memplan.graph import load_node_link
 from memplan.planner.plan import Plan
 from memplan.report import plot_timeline
 from memplan.zoo import ZOO
@@ -319,6 +320,26 @@ def test_solve_writes_a_schedule_any_scorer_can_check(tmp_path, capsys):
     assert (report["peak"], report["duration"]) == (15825108992, 15500)
     assert report["budget"] == 15825108992
     assert "feasible with keep_all" in capsys.readouterr().out
+
+
+def test_solve_with_a_link_writes_the_transfers(tmp_path):
+    pytest.importorskip("pulp")
+    graph_file = REPO / "benchmarks" / "graphs" / "checkmate_vgg16_b256_224x224_train.json"
+    graph = load_node_link(graph_file)
+    link = sum(n.bytes for n in graph) / graph.total_time  # all outputs once per step
+    out = tmp_path / "paged.json"
+    argv = ["solve", str(graph_file), "--budget", "0.9", "--solver", "milp",
+            "--bandwidth", str(link), "-o", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    kinds = {kind for kind, _ in report["steps"]}
+    assert {"compute", "offload", "prefetch", "wait"} <= kinds
+    assert [node for kind, node in report["steps"] if kind == "compute"] == report["sequence"]
+    assert report["peak"] <= report["budget"] and report["status"] == "feasible"
+    alone = tmp_path / "alone.json"
+    assert main([*argv[:-4], "-o", str(alone)]) == 0
+    assert "steps" not in json.loads(alone.read_text())
+    assert report["duration"] < json.loads(alone.read_text())["duration"]
 
 
 def test_solve_errors_are_one_line(tmp_path, capsys):

@@ -74,11 +74,11 @@ def test_planned_step_matches_eager_and_prediction(name: str) -> None:
 
 # Every solver of the training problem that takes a budget (greedy, the default, is
 # above), with a budget it reaches on all six models. chain_dp and linear checkpoint only
-# at cut points of the forward chain (on ResNet chain_dp's least peak is 72% of eager's),
-# and the director's ranking stops short of greedy on some models, so 50% is out of their
-# reach on some (docs/training-solvers.md has the least peak of each solver on each model).
+# at cut points of the forward chain (on ResNet linear's least peak is 58% of eager's,
+# chain_dp's 50%), and the director's ranking stops short of greedy on some models, so 50%
+# is out of their reach on some (docs/training-solvers.md has each solver's least peak).
 SOLVER_BUDGETS = [
-    ("chain_dp", "80%"),
+    ("chain_dp", "60%"),
     ("linear", "70%"),
     ("director", "70%"),
     ("milp", "50%"),
