@@ -134,12 +134,15 @@ def targets(rows: list[Row]) -> list[str]:
         cases.setdefault((r.graph, r.share), []).append(r)
     met = missed = reached = faster = 0
     misses: list[str] = []
+    unrun: list[str] = []  # cases whose exact solves this run did not make
     for (graph, share), group in cases.items():
         remat_rows = [r for r in group if _fits(r) and not r.solver.endswith(PAGING)]
         exact = [r for r in remat_rows if r.solver in EXACT]
         paged = [r for r in group if _fits(r) and r.solver.endswith(PAGING)]
         best = min((r.duration_increase or 0.0 for r in remat_rows), default=None)
-        if best is not None:
+        if not any(r.solver in EXACT for r in group):
+            unrun.append(f"{graph} at {share}")
+        elif best is not None:
             top = min((r.duration_increase or 0.0 for r in exact), default=None)
             if top is not None and 1 + top <= 1.01 * (1 + best):
                 met += 1
@@ -171,6 +174,8 @@ def targets(rows: list[Row]) -> list[str]:
     ]
     if misses:
         lines.append(f"- Exact solvers missed 1%: {'; '.join(misses)}.")
+    if unrun:
+        lines.append(f"- Exact solvers not run: {'; '.join(unrun)}.")
     return lines
 
 
