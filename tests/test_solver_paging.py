@@ -7,7 +7,6 @@ ortools (skipped without them)."""
 
 from __future__ import annotations
 
-import random
 from collections import Counter
 from pathlib import Path
 
@@ -17,6 +16,8 @@ from hypothesis import strategies as st
 
 pytest.importorskip("pulp")
 pytest.importorskip("ortools")
+
+from test_solver_milp import random_dag  # literature-style DAGs, up to three inputs each
 
 from memplan import remat
 from memplan.graph import Graph, Node, Offload, Prefetch, SolveResult, load_node_link
@@ -84,19 +85,6 @@ def test_transfers_hidden_under_compute_beat_recomputation_on_vgg16(solver: str)
     assert alone.time > reference.duration  # remat alone recomputes to fit
     assert paged.peak <= budget
     assert paged.stall == 0 and paged.time == pytest.approx(reference.duration)
-
-
-def random_dag(seed: int, nodes: int) -> Graph:
-    """A literature-style DAG: each node reads up to three earlier ones."""
-    rng = random.Random(seed)
-    built = []
-    for v in range(nodes):
-        reads = tuple(sorted(rng.sample(range(v), min(v, rng.randint(0, 3)))))
-        built.append(
-            Node(id=v, name=f"n{v}", op="op", inputs=reads,
-                 bytes=rng.randint(1, 20), time=float(rng.randint(1, 5)))
-        )  # fmt: skip
-    return Graph(nodes=tuple(built), name=f"dag{seed}")
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
