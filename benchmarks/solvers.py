@@ -58,9 +58,9 @@ class Row:
     file: str = ""  # the graph's file stem in benchmarks/graphs
 
 
-def link(graph: Graph) -> float:
+def link(graph: Graph, reference: remat.Score) -> float:
     """The benchmark's host link: all outputs moved once in the reference duration."""
-    return sum(n.bytes for n in graph) / remat.reference(graph).duration
+    return sum(n.bytes for n in graph) / reference.duration
 
 
 def run_one(path: Path, share: str, solver: str, time_limit: float) -> Row:
@@ -68,7 +68,7 @@ def run_one(path: Path, share: str, solver: str, time_limit: float) -> Row:
     budget = remat.resolve_budget(graph, share)
     reference = remat.reference(graph)
     name = solver.removesuffix(PAGING)
-    bandwidth = link(graph) if solver.endswith(PAGING) else None
+    bandwidth = link(graph, reference) if solver.endswith(PAGING) else None
     options = solvers.SolverOptions(time_limit=time_limit, problem="general", bandwidth=bandwidth)
     row = Row(graph.name, len(graph), share, budget, solver, "", None, None, None, 0.0,
               time_limit, bandwidth, path.stem)  # fmt: skip
@@ -237,15 +237,17 @@ def main(argv: list[str] | None = None) -> None:
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     done = _kept(work)
+    # Shares in the order the results already list them, then as this run's work lists them.
+    shares = list(dict.fromkeys([*(r.share for r in done), *(share for _, share, _, _ in work)]))
     with Progress(console=console) as progress, ProcessPoolExecutor(args.workers) as pool:
         task = progress.add_task("solving", total=len(work))
         futures = {pool.submit(run_one, *job): job for job in work}
         for future in as_completed(futures):
             done.append(future.result())
             progress.advance(task)
-            payload = {"machine": where, "rows": [asdict(r) for r in _ordered(done, work)]}
+            payload = {"machine": where, "rows": [asdict(r) for r in _ordered(done, shares)]}
             (RESULTS / "solvers.json").write_text(json.dumps(payload, indent=1))
-    rows = _ordered(done, work)
+    rows = _ordered(done, shares)
     write_section(DOCS / "solvers.md", table(rows, where))
     console.print(f"wrote benchmarks/results/solvers.json and docs/solvers.md ({len(rows)} runs)")
 
@@ -261,10 +263,9 @@ def _kept(work: list[tuple[Path, str, str, float]]) -> list[Row]:
     return [r for r in rows if (r.file, r.share, r.solver) not in redone]
 
 
-def _ordered(rows: list[Row], work: list[tuple[Path, str, str, float]]) -> list[Row]:
-    """The rows by graph file, share (as in the work list) and solver."""
-    shares = {share: i for i, (_, share, _, _) in reversed(list(enumerate(work)))}
-    return sorted(rows, key=lambda r: (r.file, shares.get(r.share, len(work)), r.solver))
+def _ordered(rows: list[Row], shares: list[str]) -> list[Row]:
+    """The rows by graph file, share (in the order of `shares`) and solver."""
+    return sorted(rows, key=lambda r: (r.file, shares.index(r.share), r.solver))
 
 
 if __name__ == "__main__":

@@ -65,7 +65,8 @@ def solve(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
 
     # Phase 1: a feasible point (or the least peak).
     # No schedule peaks below a node with its inputs: a floor CP-SAT can prove at once.
-    floor = scale.footprint if options.minimize_memory else max(scale.capacity, scale.footprint)
+    # (Minimizing memory, the scale has no budget and its capacity is 0.)
+    floor = max(scale.capacity, scale.footprint)
     first = _build(graph, scale, capacity=(floor, max(floor, scale.total)))
     first.model.minimize(first.capacity)
     _hint(first, graph, start_order(graph))

@@ -136,11 +136,11 @@ def solve(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
     start = remat.schedule.computes() if remat.schedule is not None else start_order(graph)
     hints: dict[int, int] = {}  # the last solution's values by variable index, once known
 
-    proved = fits
     limit = scale.capacity
     if not fits:  # phase 1: the least capacity, down to the budget
         # No schedule peaks below a node with its inputs: a floor CP-SAT can prove at once.
-        floor = max(scale.footprint, 0 if options.minimize_memory else scale.capacity)
+        # (Minimizing memory, the scale has no budget and its capacity is 0.)
+        floor = max(scale.footprint, scale.capacity)
         first = _build(graph, scale, times, (floor, max(floor, scale.total)))
         first.model.minimize(first.capacity)
         _hint(first, _sequence_hints(first, graph, times, start))
@@ -150,9 +150,9 @@ def solve(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
             best.offer(_decode(first, solver1, graph))
             hints = {v.index: solver1.value(v) for v in (*first.variables, first.makespan)}
             reached = solver1.value(first.capacity)
-            proved = status1 == cp.OPTIMAL or scale.footprint_bytes > budget
             limit = reached if options.minimize_memory else limit
             if reached > scale.capacity and not options.minimize_memory:
+                proved = status1 == cp.OPTIMAL or scale.footprint_bytes > budget
                 return _unreached(best, budget, options, started, scale, proved)
         elif status1 == cp.INFEASIBLE or best.schedule is None:
             return make_result(options, started, "timeout", None, message="no point found in time")
@@ -308,11 +308,12 @@ def _second_copy(
     paged, page_out = m.bool(f"paged_{v}"), m.int(1, horizon, f"o_{v}")
     copy.paged, copy.page_out = paged, page_out
     model.add(present == recomputed + paged)
-    for name, begin in (("out", page_out), ("in", start)):
+    for name, begin in ((f"out_{v}", page_out), (f"in_{v}", start)):
         moving.append(model.new_optional_fixed_size_interval_var(begin, transfer, paged, name))
         # A transfer is issued between two computations (as a step of the schedule), so
         # none may be running when it starts: a unit of idle compute stream marks it.
-        computing.append(model.new_optional_fixed_size_interval_var(begin - 1, 1, paged, name))
+        marker = model.new_optional_fixed_size_interval_var(begin - 1, 1, paged, f"{name}_issue")
+        computing.append(marker)
     # The page-out reads the first copy after it is computed, and keeps it until done;
     # the page-in starts after the page-out, and the copy is usable once it lands.
     model.add(page_out >= first.ready).only_enforce_if(paged)
@@ -427,8 +428,3 @@ def _decode(m: _Model, solver: cp_model.CpSolver, graph: Graph) -> Schedule:
 
 def _true(solver: cp_model.CpSolver, literal: cp_model.IntVar | bool) -> bool:
     return literal if isinstance(literal, bool) else solver.boolean_value(literal)
-
-
-def _judge(graph: Graph, schedule: Schedule, options: SolverOptions) -> MemoryTrace:
-    """The simulator's verdict: InvalidSchedule (a bug here) if the decoded steps are wrong."""
-    return simulate(graph, schedule, bandwidth=options.bandwidth)

@@ -304,20 +304,22 @@ def _add_stage(
             # An output's copy is always there (S fixed to 1): nothing to constrain.
             if u not in stages.outputs and not _is_zero(R[t, k]):
                 problem += R[t, k] <= R[t, u] + S[t, u], f"dep_{t}_{u}_{k}"
-    arriving = [] if paging is None else [k for k in range(t) if (t, k) in paging.In]
+    # Stage t's page-in variables by position (a dict: the keep rows below look them up).
+    page_ins = (
+        {} if paging is None else {k: paging.In[t, k] for k in range(t) if (t, k) in paging.In}
+    )
     if t + 1 < T:
         for v in range(t + 1):
             if v not in stages.outputs:
-                paged_in = paging.In[t, v] if v in arriving and paging is not None else 0
-                kept = S.get((t, v), 0) + R[t, v] + paged_in
+                kept = S.get((t, v), 0) + R[t, v] + page_ins.get(v, 0)
                 problem += S[t + 1, v] <= kept, f"keep_{t + 1}_{v}"
     if paging is not None:
         _add_paging(problem, stages, t, model, paging)
 
     memory = stages.memory
     usage = pulp.lpSum(memory[v] * S[t, v] for v in range(t)) + memory[0] * R[t, 0]
-    if paging is not None:  # a page-in allocates when it starts, at the stage's start
-        usage = usage + pulp.lpSum(memory[k] * paging.In[t, k] for k in arriving)
+    # A page-in allocates when it starts, at the stage's start.
+    usage = usage + pulp.lpSum(memory[k] * x for k, x in page_ins.items())
     for k in range(t + 1):
         if k > 0:
             usage = usage + memory[k] * R[t, k] - _freed(pulp, stages, t, k - 1, model)
