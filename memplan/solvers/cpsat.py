@@ -17,7 +17,7 @@ from memplan import remat
 from memplan.errors import MissingDependency, UnsupportedModel
 from memplan.graph import Graph, Schedule, SolveResult
 from memplan.planner.simulate import simulate
-from memplan.solvers import SolverOptions, releases
+from memplan.solvers import SolverOptions, releases, warm_start
 from memplan.solvers.releases import Effect, Pick, ReleaseModel
 
 if TYPE_CHECKING:
@@ -42,16 +42,18 @@ WORKERS = 1
 def solve(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
     """The fastest sequence within `budget` that CP-SAT finds in `options.time_limit`.
 
-    Phase 1 minimizes max(peak, budget) hinted with an order without recomputation, so it
-    always has a point and its optimum says whether the budget is feasible; phase 2
+    Phase 1 minimizes max(peak, budget) hinted with the director's sequence where it fits
+    the budget (memplan/solvers/warm_start.py), else with an order without recomputation,
+    so it always has a point and its optimum says whether the budget is feasible; phase 2
     minimizes the recomputation time below the budget, hinted with phase 1's sequence. With
     `minimize_memory`, phase 1 minimizes the peak itself and phase 2 the time at that peak
     (the objective reported is then the peak). Where no point within the budget is found,
     the least-peak schedule found is returned with status infeasible (proven) or timeout.
     With `options.bandwidth`, values may also be paged to host memory: the model on a time
-    axis of memplan/solvers/cpsat_paging.py solves instead.
+    axis of memplan/solvers/cpsat_paging.py solves instead. Where CP-SAT returns nothing
+    faster than the director's sequence, that sequence is the result (its message says so).
     """
-    cp = cp_model_module()
+    cp_model_module()  # MissingDependency before any work
     if options.problem == "training":
         return releases.solve(graph, budget, options, NAME, _pick_releases)
     if options.bandwidth is not None and options.bandwidth > 0:
@@ -60,6 +62,21 @@ def solve(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
         return cpsat_paging.solve(graph, budget, options)
     check_general_graph(graph)
     started = time.perf_counter()
+    start = warm_start.director_sequence(graph, budget, options)
+    result = _solve_remat(graph, budget, options, started, start)
+    return warm_start.keep_faster(graph, result, start, budget, options)
+
+
+def _solve_remat(
+    graph: Graph,
+    budget: int,
+    options: SolverOptions,
+    started: float,
+    start: list[int] | None,
+) -> SolveResult:
+    """The two phases of `solve` without paging; phase 1 is hinted with the director's
+    `start` where it has at most COPIES copies of a node, else with start_order."""
+    cp = cp_model_module()
     deadline = started + options.time_limit
     scale = Scale.of(graph, None if options.minimize_memory else budget)
 
@@ -69,7 +86,8 @@ def solve(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
     floor = max(scale.capacity, scale.footprint)
     first = _build(graph, scale, capacity=(floor, max(floor, scale.total)))
     first.model.minimize(first.capacity)
-    _hint(first, graph, start_order(graph))
+    usable = start is not None and warm_start.occurrences(start) <= COPIES
+    _hint(first, graph, start if usable and start is not None else start_order(graph))
     status1, solver1 = _run(first, deadline, options)
     if status1 not in (cp.OPTIMAL, cp.FEASIBLE):
         return make_result(options, started, "timeout", None, message="no point found in time")

@@ -151,6 +151,7 @@ class _GeneralPlan:
         self.touch = [(v, *graph.users[v]) for v in range(n)]
         self.inputs = [node.inputs for node in graph]
         self.bytes = np.array([node.bytes for node in graph], dtype=np.int64)
+        self.sizes = [node.bytes for node in graph]  # the same as Python ints, for loops
         times = [node.time for node in graph]
         self.prefix = [0.0]
         for t in times:
@@ -309,18 +310,20 @@ class _GeneralPlan:
         """The most bytes a chain holds while it is recomputed in id order (a topological
         order), each node until its last read in the chain, the first (the value) to the end."""
         order = sorted(nodes)
-        members = set(order)
+        inputs, size = self.inputs, self.sizes
         last = {x: x for x in order}
         for y in order:
-            for x in self.graph[y].inputs:
-                if x in members:
+            for x in inputs[y]:
+                if x in last:
                     last[x] = y
         last[nodes[0]] = len(self.graph)
         memory = peak = 0
         for y in order:
-            memory += int(self.bytes[y])
+            memory += size[y]
             peak = max(peak, memory)
-            memory -= sum(int(self.bytes[x]) for x in self.graph[y].inputs if last.get(x) == y)
+            for x in inputs[y]:
+                if last.get(x) == y:
+                    memory -= size[x]
         return peak
 
     def _build(self) -> tuple[list[int], list[int]]:

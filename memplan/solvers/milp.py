@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import itertools
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -23,7 +25,7 @@ from memplan import remat
 from memplan.errors import InvalidSchedule, MemplanError, MissingDependency, UnsupportedModel
 from memplan.graph import Compute, Free, Graph, Offload, Prefetch, Schedule, SolveResult, Step, Wait
 from memplan.planner.simulate import MemoryTrace, simulate
-from memplan.solvers import SolverOptions, releases
+from memplan.solvers import SolverOptions, releases, warm_start
 from memplan.solvers.releases import Effect, Pick, ReleaseModel
 
 # The model has about 2 T^2 binaries plus T^2/2 continuous memory and free variables
@@ -62,14 +64,17 @@ def solve(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
     if options.minimize_memory:
         least = _least_peak(pulp, graph, stages, deadline, options)
         return _result(graph, stages, least, budget, options, started, minimized=True)
+    start = None
     if budget < stages.least_peak:  # some node alone with its inputs exceeds the budget
         outcome = _Outcome("infeasible", None, None, None)
     else:
-        outcome = _within(pulp, graph, stages, budget, deadline, options)
-    if outcome.status == "infeasible":
+        start = warm_start.director_sequence(graph, budget, options)
+        outcome = _within(pulp, graph, stages, budget, deadline, options, start)
+    if outcome.status == "infeasible" and start is None:
         least = _least_peak(pulp, graph, stages, deadline, options)
         return _infeasible(graph, stages, least, budget, options, started)
-    return _result(graph, stages, outcome, budget, options, started, minimized=False)
+    result = _result(graph, stages, outcome, budget, options, started, minimized=False)
+    return warm_start.keep_faster(graph, result, start, budget, options)
 
 
 # --- data ------------------------------------------------------------------------------
@@ -430,8 +435,10 @@ def _within(
     budget: int,
     deadline: float,
     options: SolverOptions,
+    start: Sequence[int] | None = None,
 ) -> _Outcome:
-    """The fastest schedule whose simulated peak fits `budget`.
+    """The fastest schedule whose simulated peak fits `budget`, the solver started from
+    the sequence `start` where the stages can express it.
 
     The scaled model is trusted only as far as the simulator agrees: a schedule over the
     budget (by the solver's tolerance) is answered by solving again with the budget
@@ -439,7 +446,7 @@ def _within(
     """
     target = budget
     for _ in range(_RETRIES):
-        outcome = _solve_stage(pulp, graph, stages, target, deadline, options)
+        outcome = _solve_stage(pulp, graph, stages, target, deadline, options, start)
         if outcome.schedule is None:
             return outcome
         over = _trace(graph, stages, outcome.schedule).peak - budget
@@ -468,12 +475,16 @@ def _solve_stage(
     budget: int | None,
     deadline: float,
     options: SolverOptions,
+    start: Sequence[int] | None = None,
 ) -> _Outcome:
-    """Build and solve one model within the deadline; budget None minimizes the peak."""
+    """Build and solve one model within the deadline, from `start` where the stages can
+    express it; budget None minimizes the peak."""
     model = _build(pulp, stages, budget, deadline)
     remaining = deadline - time.perf_counter()
     if model is None or remaining <= 0:
         return _Outcome("timeout", None, None, None)
+    if start is not None:
+        _set_start(stages, model, start)
     model.problem.solve(_backend(pulp, remaining, options))
     status, bound, gap = _read_status(pulp, model.problem)
     schedule = _decode(graph, stages, model) if status in ("optimal", "feasible") else None
@@ -481,16 +492,92 @@ def _solve_stage(
 
 
 def _backend(pulp: ModuleType, remaining: float, options: SolverOptions) -> Any:
-    """HiGHS if highspy is installed, else CBC: one thread, seeded, tight tolerances."""
+    """HiGHS if highspy is installed, else CBC: one thread, seeded, tight tolerances, each
+    started from the variables' initial values where any are set."""
     if _highs_available():
-        return pulp.HiGHS(
+        return _started_highs(pulp)(
             msg=False, timeLimit=remaining, threads=1, random_seed=options.seed % 2**31,
             mip_feasibility_tolerance=_TOLERANCE, primal_feasibility_tolerance=_TOLERANCE,
         )  # fmt: skip
     return pulp.PULP_CBC_CMD(
-        msg=False, timeLimit=max(1, math.ceil(remaining)), threads=1,
+        msg=False, timeLimit=max(1, math.ceil(remaining)), threads=1, warmStart=True,
         options=[f"randomCbcSeed {options.seed}", f"primalTolerance {_TOLERANCE}"],
     )  # fmt: skip
+
+
+def _started_highs(pulp: ModuleType) -> type:
+    """PuLP's HiGHS interface, handing the variables' initial values to HiGHS as a
+    (partial) MIP start, which PuLP itself does not: HiGHS completes the continuous
+    columns and keeps the start as its first incumbent if it is feasible."""
+    import numpy as np
+
+    class StartedHiGHS(pulp.HiGHS):  # type: ignore[misc, name-defined]
+        def callSolver(self, lp: Any) -> None:
+            given = [(v.index, v.varValue) for v in lp.variables() if v.varValue is not None]
+            if given:
+                index, value = zip(*given, strict=True)
+                lp.solverModel.setSolution(
+                    len(given), np.array(index, np.int32), np.array(value, np.float64)
+                )
+            super().callSolver(lp)
+
+    return StartedHiGHS
+
+
+def _set_start(stages: _Stages, model: _Model, sequence: Sequence[int]) -> bool:
+    """Set R and S (and the paging variables, to 0) to the values of `sequence` as
+    initial values, and say whether the stages could express it: its first computations
+    must follow stages.order, and each stage recomputes a node at most once (run in
+    position order, which may peak differently: HiGHS then rejects the start)."""
+    position = {v: k for k, v in enumerate(stages.order)}
+    per_stage: list[list[int]] = []
+    pending: list[int] = []
+    for v in sequence:
+        k = position.get(v)
+        if k is None or k > len(per_stage):
+            return False
+        if k < len(per_stage):
+            pending.append(k)
+            continue
+        if len(set(pending)) != len(pending):
+            return False
+        per_stage.append([*sorted(pending), k])
+        pending = []
+    if pending or len(per_stage) != len(stages):
+        return False
+    resident = _resident_entering(stages, per_stage)
+    # Pairs, not a dict: a fixed entry is a plain 0 or 1, and PuLP overloads == .
+    values = [(r, int(k in per_stage[t])) for (t, k), r in model.R.items()]
+    values += [(kept, int(k in resident[t])) for (t, k), kept in model.S.items()]
+    if model.paging is not None:
+        values += [(x, 0) for moves in (model.paging.Out, model.paging.In) for x in moves.values()]
+    if any(isinstance(x, int) and x != value for x, value in values):
+        return False
+    for x, value in values:
+        if not isinstance(x, int):
+            x.setInitialValue(value)
+    return True
+
+
+def _resident_entering(stages: _Stages, per_stage: list[list[int]]) -> list[set[int]]:
+    """Per stage t, the positions whose copy is resident entering it when the stages run
+    `per_stage` and free each copy after its last read (outputs stay to the end)."""
+    steps = [k for computed in per_stage for k in computed]
+    stage_start = list(itertools.accumulate((len(c) for c in per_stage), initial=0))
+    made: dict[int, int] = {}  # position -> step of its most recent copy
+    until: dict[int, int] = {}  # step of a copy -> the last step it is needed
+    for step, k in enumerate(steps):
+        for u in stages.inputs[k]:
+            until[made[u]] = step
+        made[k] = step
+        until[step] = len(steps) if k in stages.outputs else step
+    resident: list[set[int]] = []
+    for t in range(len(per_stage)):
+        boundary = stage_start[t]
+        resident.append(
+            {k for step, k in enumerate(steps[:boundary]) if until[step] >= boundary and k < t}
+        )
+    return resident
 
 
 def _read_status(pulp: ModuleType, problem: Any) -> tuple[str, float | None, float | None]:
@@ -684,12 +771,12 @@ def _pick_releases(
 ) -> Pick:
     """The release model as a MILP: a binary per release, their product per interaction,
     a row per position, and the cuts. Bytes are in MiB and times relative to keep-all's,
-    to keep HiGHS well scaled. PuLP passes no starting point to HiGHS, so `hint` is not
-    used: the director's schedule still competes as the incumbent in releases.solve."""
-    del hint
+    to keep HiGHS well scaled. The releases in `hint` are the solver's start."""
     pulp = _import_pulp()
     problem = pulp.LpProblem("releases", pulp.LpMinimize)
     picked = [pulp.LpVariable(f"r{i}", cat="Binary") for i in range(len(model.releases))]
+    for i, x in enumerate(picked):
+        x.setInitialValue(int(i in hint))
     for group in model.groups:
         problem += pulp.lpSum(picked[i] for i in group) <= 1
     chosen: dict[Effect, Any] = {(i,): x for i, x in enumerate(picked)}

@@ -1,0 +1,84 @@
+"""The director's schedule as the exact solvers' starting point on the general problem.
+
+The DELTA-style director finds a sequence within the budget in about a second, where
+CP-SAT and HiGHS can spend minutes finding any. cpsat hints its first phase with it and
+milp hands it to HiGHS (or CBC) as a MIP start, so their first incumbent is at least as
+fast. A start can still be lost: milp's stages cannot express a sequence whose first
+computations leave the node order, cpsat keeps at most two copies of a node, and a
+solver may time out before using it. `keep_faster` then returns the director's schedule
+instead of a slower one, and says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter
+from collections.abc import Sequence
+
+from memplan import remat
+from memplan.graph import Graph, SolveResult
+from memplan.planner.simulate import simulate
+from memplan.solvers import SolverOptions
+
+# The share of an exact solver's time limit the director may spend on a start, and the
+# most seconds it may take (it needs under two on the 1000-node shared graph).
+SHARE = 0.1
+MAX_SECONDS = 5.0
+
+
+def director_sequence(graph: Graph, budget: int, options: SolverOptions) -> list[int] | None:
+    """The director's sequence for `budget` when it fits; None when it does not, when the
+    solve minimizes memory (the director's sequence is not a least peak), or when the
+    graph has resident inputs (the general director computes every node)."""
+    if options.minimize_memory or graph.resident_inputs:
+        return None
+    from memplan.solvers import director  # the director imports numpy: load it on use
+
+    seconds = min(MAX_SECONDS, SHARE * options.time_limit)
+    found = director.solve(
+        graph, budget, dataclasses.replace(options, time_limit=seconds, bandwidth=None)
+    )
+    if found.status != "feasible" or found.schedule is None:
+        return None
+    return found.schedule.computes()
+
+
+def occurrences(sequence: Sequence[int]) -> int:
+    """How many times the most often computed node appears in `sequence`."""
+    return max(Counter(sequence).values(), default=0)
+
+
+def keep_faster(
+    graph: Graph,
+    result: SolveResult,
+    start: Sequence[int] | None,
+    budget: int,
+    options: SolverOptions,
+) -> SolveResult:
+    """`result`, unless the director's `start` is faster (or `result` has no schedule
+    within the budget): then the start, as a feasible result with the solver's name, its
+    bound kept where it still bounds the start, and a message that says so."""
+    if start is None or options.minimize_memory:
+        return result
+    duration = remat.score(graph, start).duration
+    if result.schedule is not None:
+        trace = simulate(graph, result.schedule, bandwidth=options.bandwidth)
+        if trace.peak <= budget and trace.time <= duration:
+            return result
+    bound = result.lower_bound
+    if bound is not None and not (math.isfinite(bound) and bound <= duration):
+        bound = None
+    gap = None if bound is None or duration == 0 else (duration - bound) / duration
+    return dataclasses.replace(
+        result,
+        status="feasible",
+        schedule=remat.to_schedule(graph, start),
+        objective=duration,
+        lower_bound=bound,
+        gap=gap,
+        message=f"the director's starting schedule: {result.solver} found none faster "
+        f"within the budget ({result.status}"
+        + (f": {result.message}" if result.message else "")
+        + ")",
+    )
