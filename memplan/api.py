@@ -10,23 +10,20 @@ from torch import nn
 
 from memplan.errors import MemplanError
 from memplan.graph import Budget
-from memplan.planner.capture import compile_training_step
+from memplan.planner.capture import Compiled, compile_training_step
 from memplan.planner.plan import Partitioner, Plan, PlanOptions
 
 
-class PlannedModule(nn.Module):
-    """Trains `model` with memplan's forward and backward graphs; `.plan` is their Plan.
+class CompiledStep(nn.Module):
+    """Trains `model` with a forward and backward graph compiled for the example inputs.
 
     The graphs were traced for the example inputs' shapes and training mode: other shapes
     raise an error, and in eval mode the original module runs.
     """
 
-    def __init__(
-        self, model: nn.Module, compiled: Any, plan: Plan, example_inputs: Sequence[Any]
-    ) -> None:
+    def __init__(self, model: nn.Module, compiled: Compiled, example_inputs: Sequence[Any]) -> None:
         super().__init__()
         self.model = model
-        self.plan = plan
         self._compiled = compiled
         self._signature = [_describe(x) for x in example_inputs]
 
@@ -36,14 +33,26 @@ class PlannedModule(nn.Module):
         signature = [_describe(x) for x in inputs]
         if signature != self._signature:
             raise MemplanError(
-                f"planned for inputs {self._signature}, got {signature}; "
-                "call memplan.optimize again for new shapes"
+                f"compiled for inputs {self._signature}, got {signature}; "
+                "compile again for new shapes"
             )
         params = dict(self.model.named_parameters(remove_duplicate=False))
         buffers = dict(self.model.named_buffers(remove_duplicate=False))
         state = [params[n] for n in self._compiled.param_names]
         state += [buffers[n] for n in self._compiled.buffer_names]
         return self._compiled.fn(*state, *inputs)
+
+
+class PlannedModule(CompiledStep):
+    """Trains `model` with memplan's forward and backward graphs; `.plan` is their Plan.
+
+    Call memplan.optimize again for other input shapes."""
+
+    def __init__(
+        self, model: nn.Module, compiled: Compiled, plan: Plan, example_inputs: Sequence[Any]
+    ) -> None:
+        super().__init__(model, compiled, example_inputs)
+        self.plan = plan
 
 
 def plan(

@@ -1,14 +1,21 @@
-"""The `memplan` command: plan a saved torch.export program, show a saved plan, list solvers.
+"""The `memplan` command: plan a saved torch.export program, show a saved plan, solve a
+literature graph, find the largest batch under a memory cap, list solvers.
 
-Every error a user can cause ends as one line `memplan: error: ...` and exit status 2.
+Every error a user can cause ends as one line `memplan: error: ...` and exit status 2,
+before any output file is written or with every output file left as it was; a bug in
+memplan ends as one line `memplan: internal error: ...` and exit status 3 (--verbose shows
+the traceback of either).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import logging
+import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,21 +23,38 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from memplan import api, remat, solvers
-from memplan.errors import MemplanError, ModelFileError
-from memplan.files import write_json_atomically
+from memplan import api, maxbatch, remat, solvers
+from memplan.errors import (
+    BudgetError,
+    MemplanError,
+    ModelFileError,
+    OutputFileError,
+    PlanFileError,
+)
+from memplan.files import write_json_atomically, write_together
 from memplan.graph import Budget, format_bytes, load_node_link
 from memplan.planner import capture
 from memplan.planner.plan import Plan, PlanOptions
-from memplan.report import decision_table, plot_timeline, summary_table, verification_table
+from memplan.report import (
+    decision_table,
+    maxbatch_table,
+    plot_timeline,
+    summary_table,
+    verification_table,
+)
 from memplan.solvers import general
 from memplan.verify import verify
+from memplan.zoo import ZOO
 
 # torch.save files; loading one unpickles, which can run any code the file's author chose.
 PICKLE_SUFFIXES = frozenset({".pt", ".pth", ".pkl", ".pickle"})
 DEFAULTS = PlanOptions()
 EXIT_ERROR = 2
 EXIT_CHECK_FAILED = 1
+EXIT_INTERNAL = 3
+# Loggers that torch.export.load writes tracebacks to, as warnings, before it raises on a
+# corrupt archive; the one-line error says the same.
+_EXPORT_LOGGERS = ("torch.export", "torch._export")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -53,6 +77,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print("memplan: interrupted", file=sys.stderr)
         return 130
+    except Exception as error:  # a bug in memplan: still one line, its traceback on request
+        if args.verbose:
+            raise
+        print(
+            f"memplan: internal error: {type(error).__name__}: {_one_line(error)} "
+            "(--verbose shows the traceback)",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -163,6 +196,43 @@ def build_parser() -> argparse.ArgumentParser:
     )
     solve.set_defaults(command=_solve)
 
+    largest = commands.add_parser(
+        "maxbatch",
+        parents=[common],
+        help="find the largest batch that trains under a memory cap",
+        description="Search the largest batch size that trains one step under a memory cap "
+        "(enforced: torch.cuda's per-process memory fraction on a GPU, an out-of-memory "
+        "error from the live-storage tracker on CPU) for eager, PyTorch's min-cut partitioner "
+        "at its best activation budget and memplan, each within a step-time overhead limit "
+        "per sample against eager's largest batch.",
+    )
+    largest.add_argument(
+        "model",
+        help=f"a zoo model ({', '.join(sorted(ZOO))}) or MODULE:FUNCTION, a function that "
+        "takes batch=N and returns a memplan.zoo.Example or (model, inputs)",
+    )
+    largest.add_argument("--cap", required=True, help="device memory cap: '2GiB', '512MB', 2e9")
+    largest.add_argument(
+        "--overhead",
+        type=_non_negative_float,
+        default=maxbatch.DEFAULT_OVERHEAD,
+        help="step-time overhead limit per sample, as a fraction (default: "
+        f"{maxbatch.DEFAULT_OVERHEAD:g})",
+    )
+    largest.add_argument(
+        "--methods", nargs="+", choices=maxbatch.METHODS, default=list(maxbatch.METHODS)
+    )
+    largest.add_argument(
+        "--solver", default=DEFAULTS.solver, help=f"memplan's solver (default: {DEFAULTS.solver})"
+    )
+    _add_search_options(largest)
+    largest.add_argument("--start", type=_positive_int, default=1, help="first batch size")
+    largest.add_argument(
+        "--max-batch", type=_positive_int, default=1 << 16, help="largest batch size tried"
+    )
+    largest.add_argument("-o", "--output", type=Path, help="also write the results here (JSON)")
+    largest.set_defaults(command=_maxbatch)
+
     listing = commands.add_parser("solvers", parents=[common], help="list the solver names")
     listing.set_defaults(command=_solvers)
     return parser
@@ -184,6 +254,7 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
     # Check everything cheap before loading and tracing the model.
     budget = Budget.parse(args.budget)
     solvers.get_solver(args.solver)
+    check_outputs([args.model], [args.output, args.png])
     model, inputs = load_model(args.model, allow_pickle=args.allow_pickle)
     plan = api.plan(
         model,
@@ -197,9 +268,7 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
         bandwidth=args.bandwidth,
     )
     plan = dataclasses.replace(plan, name=args.model.stem)
-    plan.save(args.output)
     console.print(summary_table(plan))
-    console.print(f"wrote {args.output}")
     measured_peak = None
     status = 0
     if args.verify:
@@ -209,14 +278,22 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
         for problem in check.problems():
             print(f"memplan: check failed: {problem}", file=sys.stderr)
         status = 0 if check.ok else EXIT_CHECK_FAILED
+    # Both files or neither: an error in the plot leaves no plan behind, nor the reverse.
+    outputs: list[tuple[Path, Callable[[Path], object]]] = [(args.output, plan.save)]
     if args.png is not None:
-        plot_timeline(plan, args.png, measured_peak=measured_peak)
-        console.print(f"wrote {args.png}")
+        outputs.append((args.png, lambda at: plot_timeline(plan, at, measured_peak=measured_peak)))
+    write_together(outputs)
+    for path, _ in outputs:
+        console.print(f"wrote {path}")
     return status
 
 
 def _show(args: argparse.Namespace, console: Console) -> int:
-    plan = Plan.load(args.plan)
+    check_outputs([args.plan], [args.png])
+    try:
+        plan = Plan.load(args.plan)
+    except RecursionError:  # json's parser recurses per level of nesting
+        raise PlanFileError(f"{args.plan}: not a plan (JSON nested too deeply)") from None
     console.print(summary_table(plan))
     console.print(decision_table(plan, top=args.top or None))
     if args.png is not None:
@@ -227,6 +304,7 @@ def _show(args: argparse.Namespace, console: Console) -> int:
 
 def _solve(args: argparse.Namespace, console: Console) -> int:
     solvers.get_solver(args.solver)  # an unknown name fails before the graph is read
+    check_outputs([args.graph], [args.output])
     graph = load_node_link(args.graph)
     budget = remat.resolve_budget(graph, args.budget)
     options = solvers.SolverOptions(
@@ -234,17 +312,57 @@ def _solve(args: argparse.Namespace, console: Console) -> int:
     )
     result = general.solve(graph, budget, args.solver, options)
     report = remat.solved_schedule(graph, budget, result, bandwidth=args.bandwidth)
+    note = general.provenance(result, args.solver, options)
+    if note is not None:
+        report["note"] = note  # the file says which schedule it holds, as the output does
     write_json_atomically(args.output, report)
     reference = remat.reference(graph)
-    increase = (report["duration"] - reference.duration) / reference.duration
+    if reference.duration > 0:
+        increase = (report["duration"] - reference.duration) / reference.duration
+        duration = f"duration {increase:+.2%} vs the reference order"
+    else:  # every node takes no time
+        duration = f"duration {report['duration']:g}, as the reference order"
     console.print(
         f"{graph.name}: {report['status']} with {result.solver}, peak "
-        f"{format_bytes(report['peak'])} of budget {format_bytes(budget)}, duration "
-        f"{increase:+.2%} vs the reference order, solved in {result.solve_seconds:.2f} s"
+        f"{format_bytes(report['peak'])} of budget {format_bytes(budget)}, {duration}, "
+        f"solved in {result.solve_seconds:.2f} s"
     )
-    if result.solver != args.solver:
-        console.print(result.message)
+    if note is not None:
+        console.print(note)
     console.print(f"wrote {args.output}")
+    return 0
+
+
+def _maxbatch(args: argparse.Namespace, console: Console) -> int:
+    cap = Budget.parse(args.cap)
+    if cap.bytes is None:
+        raise BudgetError(f"the cap must be an amount of memory, not a share: {args.cap!r}")
+    solvers.get_solver(args.solver)
+    check_outputs([], [args.output])
+    if args.start > args.max_batch:
+        raise MemplanError(f"--start {args.start} is above --max-batch {args.max_batch}")
+    build = maxbatch.builder(args.model)
+
+    def report(method: str, probe: maxbatch.Probe) -> None:
+        verdict = "fits" if probe.fits else f"does not fit: {probe.reason}"
+        console.print(f"  {method} batch {probe.batch}: {verdict}")
+
+    results = maxbatch.max_batch(
+        build,
+        cap.bytes,
+        args.methods,
+        overhead=args.overhead,
+        solver=args.solver,
+        start=args.start,
+        limit=args.max_batch,
+        time_limit=args.time_limit,
+        on_probe=report,
+    )
+    console.print(maxbatch_table(results))
+    if args.output is not None:
+        found = {"model": args.model, "results": [r.to_json() for r in results]}
+        write_json_atomically(args.output, found)
+        console.print(f"wrote {args.output}")
     return 0
 
 
@@ -254,11 +372,50 @@ def _solvers(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def check_outputs(inputs: Sequence[Path], outputs: Sequence[Path | None]) -> None:
+    """OutputFileError, before any work is done, where an output (None: not asked for)
+    cannot become a file: a folder, a path under a file, one of the inputs or another
+    output. Other failures to write (permissions, a full disk) surface when writing."""
+    named = [path for path in outputs if path is not None]
+    for index, path in enumerate(named):
+        if path.is_dir() or not path.name:
+            raise OutputFileError(f"{path}: is a folder; name a file to write")
+        folder = path.parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        if not folder.is_dir():
+            raise OutputFileError(f"{path}: cannot write under {folder}, which is not a folder")
+        for other in [*inputs, *named[:index]]:
+            if _same_file(path, other):
+                raise OutputFileError(f"{path}: would overwrite {other}; name another file")
+
+
+def _same_file(one: Path, other: Path) -> bool:
+    if one.exists() and other.exists():
+        return os.path.samefile(one, other)
+    return one.resolve() == other.resolve()
+
+
 def load_model(path: Path, *, allow_pickle: bool = False) -> tuple[nn.Module, tuple[Any, ...]]:
     """The trainable module in a .pt2 program and its example inputs, or, with
-    `allow_pickle`, those of a pickled {"model": module, "inputs": tuple} dict."""
+    `allow_pickle`, those of a pickled {"model": module, "inputs": tuple} dict.
+    ModelFileError for any file they cannot be loaded from."""
     if path.suffix.lower() not in PICKLE_SUFFIXES:
-        return capture.exported_module(capture.load_exported(path))
+        with _quiet_export_logs() as warnings:
+            try:
+                return capture.exported_module(capture.load_exported(path))
+            except Exception as error:  # a corrupt archive can fail anywhere in torch
+                # torch.export.load logs what went wrong, then raises "see the warnings above"
+                logged = [r.exc_info[1] for r in warnings if r.exc_info and r.exc_info[1]]
+                cause = logged[-1] if logged else error
+                while logged and cause.__cause__ is not None:  # the root of what it logged
+                    cause = cause.__cause__
+                if isinstance(error, MemplanError) and not logged:
+                    raise
+                raise ModelFileError(
+                    f"{path}: cannot load the exported program: "
+                    f"{type(cause).__name__}: {_first_line(cause)}"
+                ) from error
     if not allow_pickle:
         raise ModelFileError(
             f"{path}: loading a pickled model runs arbitrary code from the file; "
@@ -282,7 +439,45 @@ def load_model(path: Path, *, allow_pickle: bool = False) -> tuple[nn.Module, tu
     return model, tuple(inputs)
 
 
-def _one_line(error: BaseException) -> str:
+class _Collector(logging.Handler):
+    """A log handler that keeps the records it is given."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__(level)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextlib.contextmanager
+def _quiet_export_logs() -> Iterator[list[logging.LogRecord]]:
+    """Keep torch.export's warnings (tracebacks of what it could not deserialize) off
+    stderr, collecting them instead: the ModelFileError that follows is the one line a
+    user sees, and it names the error they carry."""
+    collector = _Collector(logging.WARNING)
+    loggers = [logging.getLogger(name) for name in _EXPORT_LOGGERS]
+    saved = [(logger.handlers, logger.propagate) for logger in loggers]
+    for logger in loggers:  # torch gives torch.export a stderr handler of its own
+        logger.handlers = [collector]
+        logger.propagate = False
+    try:
+        yield collector.records
+    finally:
+        for logger, (handlers, propagate) in zip(loggers, saved, strict=True):
+            logger.handlers = handlers
+            logger.propagate = propagate
+
+
+def _first_line(error: BaseException, limit: int = 300) -> str:
+    """The first line of an error's message, cut at `limit` characters: torch's run on
+    for a page."""
+    lines = str(error).strip().splitlines()
+    text = _one_line(lines[0]) if lines else type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _one_line(error: BaseException | str) -> str:
     text = " ".join(str(error).split())
     return text or type(error).__name__
 
@@ -294,6 +489,23 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = _non_negative_int(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be 1 or more, got 0")
     return value
 
 

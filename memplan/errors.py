@@ -64,3 +64,7 @@ class MissingDependency(MemplanError, ImportError):
 
 class UnsupportedProblem(MemplanError):
     """A solver was asked for a problem it does not solve (training vs general)."""
+
+
+class OutputFileError(MemplanError):
+    """An output path that cannot be written: a folder, or under a file."""

@@ -376,6 +376,16 @@ def _exact(mantissa: str, exponent: str | None) -> Fraction:
     return Fraction(number) * Fraction(10) ** shift
 
 
+def exact_number(text: str) -> Fraction | None:
+    """The exact value of a plain numeral with no unit ("0.8", "2e9", ".5e-3"), clamped
+    as a budget's is (see _exact), so that "1e-999999999" takes no time; None for any
+    other text, a unit, a sign or a fraction like "3/4" included."""
+    match = _BUDGET_RE.match(text)
+    if match is None or match.group(3):
+        return None
+    return _exact(match.group(1), match.group(2))
+
+
 def _as_fraction(fraction: object) -> Fraction:
     """A budget fraction given to Budget(), as an exact Fraction.
 
@@ -456,6 +466,8 @@ class Budget:
                 f"budget must be a str, int or float, got {value!r} of type {type(value).__name__}"
             )
         match = _BUDGET_RE.match(value)
+        if match is None and _BUDGET_RE.match(value.strip().removeprefix("-")):
+            raise BudgetError(f"budget must be positive, got {value!r}")
         if match is None:
             raise BudgetError(
                 f"cannot parse budget {value!r}; "

@@ -6,26 +6,42 @@ are the reference order) and the random layered graphs (node `name` = id, `out_c
 `duration`; edges `"0"`/`"1"`; the reference order in `graph.order`). Nodes are renumbered
 0..n-1 in the reference order, as Graph requires; `source_ids` maps them back to the
 file's ids, which is what a written schedule names. No torch here.
+
+Anything else is a GraphError: besides a malformed file, a graph with no nodes, and sizes
+or times so large that the scores of a schedule would overflow (all sizes together at
+most 2**63 - 1 bytes, as a budget; all times together, once per node, a finite float).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from memplan.errors import GraphError
-from memplan.graph import Graph, Node
+from memplan.graph import MAX_BUDGET_BYTES, Graph, Node
 
 
 def load_node_link(source: str | Path | Mapping[str, Any]) -> Graph:
     """The Graph of a node-link file (or its parsed JSON); GraphError on anything malformed:
     missing fields, unknown node ids in edges, cycles, negative sizes or times."""
-    data = _read(source) if not isinstance(source, Mapping) else source
+    if isinstance(source, Mapping):
+        data = source
+    elif isinstance(source, (str, Path)):
+        data = _read(source)
+    else:
+        raise GraphError(
+            f"expected a node-link file path or JSON object, got {type(source).__name__}"
+        )
     nodes, links = data.get("nodes"), data.get("links")
     if not isinstance(nodes, list) or not isinstance(links, list):
         raise GraphError("node-link JSON needs 'nodes' and 'links' lists")
+    if not nodes:
+        raise GraphError("node-link JSON has no nodes")
+    if data.get("directed", True) is not True:
+        raise GraphError("node-link JSON must be a directed graph ('directed': true)")
     meta = data.get("graph") if isinstance(data.get("graph"), dict) else {}
     records = {_node_id(n): n for n in nodes}
     if len(records) != len(nodes):
@@ -51,9 +67,10 @@ def load_node_link(source: str | Path | Mapping[str, Any]) -> Graph:
                 inputs=reads,
                 bytes=_number(record, ("cost_ram", "out_cost"), original, int),
                 time=float(_number(record, ("cost_cpu", "duration"), original, float)),
-                is_backward=bool(record.get("backward", False)),
+                is_backward=_flag(record, "backward", original),
             )
         )
+    _check_totals(built)
     # The file name is what the benchmark tables use; parsed JSON has only its own name.
     name = Path(source).stem if isinstance(source, (str, Path)) else str(meta.get("name", "graph"))
     return Graph(nodes=tuple(built), name=name, source_ids=tuple(order))
@@ -61,13 +78,21 @@ def load_node_link(source: str | Path | Mapping[str, Any]) -> Graph:
 
 def _read(path: str | Path) -> Mapping[str, Any]:
     try:
-        text = Path(path).read_text()
+        raw = Path(path).read_bytes()
     except OSError as error:
         raise GraphError(f"{path}: cannot read: {error.strerror or error}") from error
+    except ValueError as error:  # a path with a NUL byte in it
+        raise GraphError(f"{path!r}: cannot read: {error}") from error
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise GraphError(f"{path}: not valid JSON (not UTF-8 text at byte {error.start})") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:
         raise GraphError(f"{path}: not valid JSON ({error.msg} at line {error.lineno})") from error
+    except RecursionError:
+        raise GraphError(f"{path}: not a node-link graph (JSON nested too deeply)") from None
     if not isinstance(data, dict):
         raise GraphError(f"{path}: expected a node-link JSON object")
     return data
@@ -75,7 +100,7 @@ def _read(path: str | Path) -> Mapping[str, Any]:
 
 def _node_id(record: object) -> int:
     if not isinstance(record, dict):
-        raise GraphError(f"node entry {record!r} is not an object")
+        raise GraphError(f"node entry {_brief(record)} is not an object")
     value = record.get("id", record.get("name"))
     if not isinstance(value, int) or isinstance(value, bool):
         raise GraphError(f"node entry {_brief(record)} has no integer 'id' (or integer 'name')")
@@ -84,7 +109,7 @@ def _node_id(record: object) -> int:
 
 def _edge(link: object) -> tuple[int, int]:
     if not isinstance(link, dict):
-        raise GraphError(f"link entry {link!r} is not an object")
+        raise GraphError(f"link entry {_brief(link)} is not an object")
     ends = (link.get("source"), link.get("target"))
     if ends == (None, None):
         ends = (link.get("0"), link.get("1"))
@@ -94,15 +119,48 @@ def _edge(link: object) -> tuple[int, int]:
 
 
 def _number(record: dict[str, Any], fields: tuple[str, ...], node: int, kind: type) -> Any:
+    """The first of `fields` in `record`: a finite non-negative number, whole if `kind` is
+    int (bytes, at most 2**63 - 1); GraphError if it is anything else or none is there."""
     for field in fields:
         if field in record:
             value = record[field]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise GraphError(f"node {node}: {field!r} must be a non-negative number")
-            if kind is int and value != int(value):
-                raise GraphError(f"node {node}: {field!r} must be a whole number of bytes")
-            return kind(value)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise GraphError(
+                    f"node {node}: {field!r} must be a non-negative number, got {_brief(value)}"
+                )
+            # json reads NaN and Infinity; no float() of an int, which overflows past 1e308
+            if (isinstance(value, float) and not math.isfinite(value)) or value < 0:
+                raise GraphError(f"node {node}: {field!r} must be a finite non-negative number")
+            if kind is int:
+                if value != int(value):
+                    raise GraphError(f"node {node}: {field!r} must be a whole number of bytes")
+                if value > MAX_BUDGET_BYTES:
+                    raise GraphError(f"node {node}: {field!r} is over 2**63 - 1 bytes")
+                return int(value)
+            try:
+                return float(value)
+            except OverflowError:
+                raise GraphError(f"node {node}: {field!r} is too large for a float") from None
     raise GraphError(f"node {node} has none of the fields {', '.join(fields)}")
+
+
+def _flag(record: dict[str, Any], field: str, node: int) -> bool:
+    """A JSON boolean field, false where absent: "false" as a string is refused, not read
+    as true."""
+    value = record.get(field, False)
+    if not isinstance(value, bool):
+        raise GraphError(f"node {node}: {field!r} must be true or false, got {_brief(value)}")
+    return value
+
+
+def _check_totals(nodes: list[Node]) -> None:
+    """GraphError where a schedule's peak could pass 2**63 - 1 bytes (no peak is more than
+    all sizes together, one copy of a node being resident at a time) or where a schedule
+    computing every node up to once per node of the graph could overflow a float."""
+    if sum(node.bytes for node in nodes) > MAX_BUDGET_BYTES:
+        raise GraphError("the node sizes add up to more than 2**63 - 1 bytes")
+    if not math.isfinite(math.fsum(node.time for node in nodes) * len(nodes)):
+        raise GraphError("the node times are too large: their sum overflows a float")
 
 
 def _reference_order(
@@ -111,7 +169,11 @@ def _reference_order(
     """`graph.order` if the file has one, else ids ascending; either must be topological."""
     if given is None:
         order = sorted(records)
-    elif isinstance(given, list) and sorted(given) == sorted(records):
+    elif (
+        isinstance(given, list)
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in given)
+        and sorted(given) == sorted(records)
+    ):
         order = list(given)
     else:
         raise GraphError("'graph.order' must list every node id exactly once")

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from memplan.errors import InvalidSchedule
+from memplan.errors import BudgetError, InvalidSchedule
 from memplan.graph import (
+    MAX_BUDGET_BYTES,
     Budget,
     Compute,
     Free,
@@ -30,6 +31,7 @@ from memplan.graph import (
     Schedule,
     SolveResult,
     Wait,
+    exact_number,
     with_frees,
 )
 from memplan.planner.simulate import simulate
@@ -110,19 +112,24 @@ def to_schedule(graph: Graph, sequence: Sequence[int]) -> Schedule:
 def resolve_budget(graph: Graph, budget: str | float) -> int:
     """Bytes for a budget given as bytes or a size ("2e9", "2GiB"), or as a share of the
     reference peak ("0.8", "80%"), rounded up as the published protocol does:
-    B = ceil(m * P0). A plain number up to 1 is a share; above 1, bytes."""
+    B = ceil(m * P0). A plain number up to 1 is a share; above 1, bytes. BudgetError for
+    anything else, and for a budget that comes to under 1 byte (a share of a graph whose
+    reference peak is 0) or over 2**63 - 1 bytes."""
     text = str(budget).strip()
-    try:
-        share: Fraction | None = Fraction(text)
-    except (ValueError, ZeroDivisionError):
-        share = None
-    if share is not None and 0 < share <= 1:
-        return math.ceil(share * reference(graph).peak)
-    parsed = Budget.parse(text)
-    if parsed.fraction is not None:
-        return math.ceil(Fraction(parsed.fraction) * reference(graph).peak)
-    assert parsed.bytes is not None
-    return parsed.bytes
+    share = exact_number(text)  # not Fraction(text): Fraction("1e-999999999") never ends
+    if share is None or not 0 < share <= 1:
+        parsed = Budget.parse(text)
+        if parsed.bytes is not None:
+            return parsed.bytes
+        share = Fraction(parsed.fraction)
+    peak = reference(graph).peak
+    resolved = math.ceil(share * peak)
+    if not 1 <= resolved <= MAX_BUDGET_BYTES:
+        raise BudgetError(
+            f"budget {text!r} of the reference peak of {peak} bytes is {resolved} bytes; "
+            "a budget is 1 to 2**63 - 1 bytes"
+        )
+    return resolved
 
 
 def solved_schedule(

@@ -1,4 +1,5 @@
-"""Human-readable views of a Plan: rich tables for the terminal and a memory-timeline plot."""
+"""Human-readable views of a Plan (rich tables for the terminal and a memory-timeline
+plot) and of a largest-batch search."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from rich.table import Table
 
 from memplan.files import write_atomically
 from memplan.graph import Decision, format_bytes
+from memplan.maxbatch import MaxBatch
 from memplan.planner.plan import Plan
 from memplan.verify import Verification
 
@@ -71,6 +73,19 @@ def verification_table(check: Verification) -> Table:
         f"(max abs difference {check.max_grad_error:.3g})",
     )
     table.add_row("verdict", verdict)
+    return table
+
+
+def maxbatch_table(results: Sequence[MaxBatch]) -> Table:
+    """Each method's largest batch under the cap, against eager's."""
+    table = Table(title=f"largest batch under {format_bytes(results[0].cap_bytes)}")
+    for column in ("method", "largest batch", "vs eager", "step time", "setting"):
+        table.add_column(column)
+    eager = next((r.batch for r in results if r.method == "eager"), 0)
+    for r in results:
+        ratio = f"{r.batch / eager:.2f}x" if eager else "-"
+        seconds = "-" if r.step_seconds is None else format_seconds(r.step_seconds)
+        table.add_row(r.method, str(r.batch), ratio, seconds, r.setting or "-")
     return table
 
 

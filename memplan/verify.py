@@ -113,7 +113,7 @@ def verify(
         measured = measure_peak(
             training_step(planned, example_inputs), resident=resident, device=device
         )
-        error, match = _compare_grads(model, eager_grads)
+        error, match = compare_grads(model, eager_grads)
     finally:
         _reset(model, state)
         for name, param in model.named_parameters():
@@ -165,9 +165,7 @@ def _reset(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
         param.grad = None
 
 
-def _compare_grads(
-    model: nn.Module, expected: dict[str, torch.Tensor | None]
-) -> tuple[float, bool]:
+def compare_grads(model: nn.Module, expected: dict[str, torch.Tensor | None]) -> tuple[float, bool]:
     """The largest absolute gradient difference from `expected`, and whether all are allclose."""
     worst, match = 0.0, True
     for name, param in model.named_parameters():

@@ -18,11 +18,13 @@ from torch import nn
 
 @dataclass
 class Example:
-    """A model that returns its loss, and inputs for one training step."""
+    """A model that returns its loss, inputs for one training step, and the class of its
+    repeated block (what torch.utils.checkpoint wraps when every block is checkpointed)."""
 
     name: str
     model: nn.Module
     inputs: tuple[torch.Tensor, ...]
+    block: type[nn.Module] | None = None
 
 
 class LossOf(nn.Module):
@@ -80,13 +82,13 @@ class CNN(nn.Module):
 def mlp(batch: int = 2048) -> Example:
     torch.manual_seed(0)
     x, target = torch.randn(batch, 128), torch.randint(0, 10, (batch,))
-    return Example("mlp", MLP(), (x, target))
+    return Example("mlp", MLP(), (x, target), block=nn.Linear)
 
 
-def cnn(batch: int = 8) -> Example:
+def cnn(batch: int = 8, image: int = 32, channels: int = 16, blocks: int = 3) -> Example:
     torch.manual_seed(0)
-    x, target = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
-    return Example("cnn", CNN(), (x, target))
+    x, target = torch.randn(batch, 3, image, image), torch.randint(0, 10, (batch,))
+    return Example("cnn", CNN(channels, blocks), (x, target), block=ResidualBlock)
 
 
 def _transformers() -> Any:
@@ -117,46 +119,48 @@ def gpt2(batch: int = 8, seq: int = 128, layers: int = 4, width: int = 64) -> Ex
     # graph break under torch.compile.
     lm.loss_type = "ForCausalLM"
     model = LossOf(lm, ("input_ids", "labels"))
-    return Example("gpt2", model, (ids, ids.clone()))
+    block = tf.models.gpt2.modeling_gpt2.GPT2Block
+    return Example("gpt2", model, (ids, ids.clone()), block=block)
 
 
-def bert(batch: int = 8, seq: int = 128) -> Example:
+def bert(batch: int = 8, seq: int = 128, layers: int = 4, width: int = 64) -> Example:
     tf = _transformers()
     torch.manual_seed(0)
     config = tf.BertConfig(
         vocab_size=512,
-        hidden_size=64,
-        num_hidden_layers=4,
+        hidden_size=width,
+        num_hidden_layers=layers,
         num_attention_heads=4,
-        intermediate_size=256,
+        intermediate_size=4 * width,
         max_position_embeddings=seq,
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
     )
     ids = torch.randint(0, config.vocab_size, (batch, seq))
     model = LossOf(tf.BertForMaskedLM(config), ("input_ids", "labels"))
-    return Example("bert", model, (ids, ids.clone()))
+    block = tf.models.bert.modeling_bert.BertLayer
+    return Example("bert", model, (ids, ids.clone()), block=block)
 
 
-def vit(batch: int = 16) -> Example:
+def vit(batch: int = 16, image: int = 32, layers: int = 4, width: int = 64) -> Example:
     tf = _transformers()
     torch.manual_seed(0)
     config = tf.ViTConfig(
-        image_size=32,
+        image_size=image,
         patch_size=4,
-        hidden_size=64,
-        num_hidden_layers=4,
+        hidden_size=width,
+        num_hidden_layers=layers,
         num_attention_heads=4,
-        intermediate_size=256,
+        intermediate_size=4 * width,
         num_labels=10,
         # Set up front: transformers sets it on the first call, which makes Dynamo recompile.
         problem_type="single_label_classification",
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
     )
-    pixels, labels = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+    pixels, labels = torch.randn(batch, 3, image, image), torch.randint(0, 10, (batch,))
     model = LossOf(tf.ViTForImageClassification(config), ("pixel_values", "labels"))
-    return Example("vit", model, (pixels, labels))
+    return Example("vit", model, (pixels, labels), block=tf.models.vit.modeling_vit.ViTLayer)
 
 
 def resnet(batch: int = 16) -> Example:
@@ -172,14 +176,61 @@ def resnet(batch: int = 16) -> Example:
     )
     pixels, labels = torch.randn(batch, 3, 64, 64), torch.randint(0, 10, (batch,))
     model = LossOf(tf.ResNetForImageClassification(config), ("pixel_values", "labels"))
-    return Example("resnet", model, (pixels, labels))
+    block = tf.models.resnet.modeling_resnet.ResNetBasicLayer
+    return Example("resnet", model, (pixels, labels), block=block)
 
 
-ZOO: dict[str, Callable[[], Example]] = {
+def resnet50(batch: int = 4, image: int = 64, width: int = 64) -> Example:
+    """ResNet-50's layout (bottleneck blocks, depths 3, 4, 6, 3) with its widths scaled by
+    width / 64 (64 is the real network)."""
+    tf = _transformers()
+    torch.manual_seed(0)
+    config = tf.ResNetConfig(
+        embedding_size=width,
+        hidden_sizes=[4 * width, 8 * width, 16 * width, 32 * width],
+        depths=[3, 4, 6, 3],
+        layer_type="bottleneck",
+        num_labels=10,
+        problem_type="single_label_classification",  # as for vit
+    )
+    pixels, labels = torch.randn(batch, 3, image, image), torch.randint(0, 10, (batch,))
+    model = LossOf(tf.ResNetForImageClassification(config), ("pixel_values", "labels"))
+    block = tf.models.resnet.modeling_resnet.ResNetBottleNeckLayer
+    return Example("resnet50", model, (pixels, labels), block=block)
+
+
+def llama(batch: int = 8, seq: int = 128, layers: int = 4, width: int = 64) -> Example:
+    """A LLaMA-style decoder: RMSNorm, rotary embeddings, SwiGLU, grouped-query attention."""
+    tf = _transformers()
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(
+        vocab_size=512,
+        hidden_size=width,
+        intermediate_size=(8 * width) // 3,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=seq,
+        attention_dropout=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+    ids = torch.randint(0, config.vocab_size, (batch, seq))
+    lm = tf.LlamaForCausalLM(config)
+    lm.loss_type = "ForCausalLM"  # as for gpt2
+    model = LossOf(lm, ("input_ids", "labels"))
+    block = tf.models.llama.modeling_llama.LlamaDecoderLayer
+    return Example("llama", model, (ids, ids.clone()), block=block)
+
+
+ZOO: dict[str, Callable[..., Example]] = {
     "mlp": mlp,
     "cnn": cnn,
     "gpt2": gpt2,
     "bert": bert,
     "vit": vit,
     "resnet": resnet,
+    "resnet50": resnet50,
+    "llama": llama,
 }

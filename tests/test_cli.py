@@ -381,5 +381,12 @@ def test_solve_stands_in_the_director_when_an_exact_solver_finds_nothing(tmp_pat
     argv = ["solve", str(graph_file), "--budget", "0.9", "--solver", "cpsat", "--time-limit"]
     assert main([*argv, "0.01", "-o", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert report["solver"] == "director" and report["peak"] <= report["budget"]
-    assert "cpsat found no schedule within the budget in 0.01 s" in capsys.readouterr().out
+    assert report["peak"] <= report["budget"]
+    printed = capsys.readouterr().out
+    # Either cpsat's warm start (the director's sequence, found within cpsat's 1 ms share)
+    # is what cpsat returns, or the director stands in after cpsat found nothing.
+    if report["solver"] == "cpsat":
+        assert "the director's starting schedule" in report["note"]
+    else:
+        assert report["solver"] == "director"
+        assert "cpsat found no schedule within the budget in 0.01 s" in printed

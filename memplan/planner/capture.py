@@ -31,6 +31,8 @@ _FORCE_WEIGHTS_ONLY = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"  # read by torch.load on e
 
 # AOTAutograd's partition hook: (joint_module, joint_inputs, *, num_fwd_outputs, ...) -> (fw, bw)
 PartitionFn = Callable[..., tuple[torch.fx.GraphModule, torch.fx.GraphModule]]
+# An op -> its decomposition table, as AOTAutograd takes it.
+Decompositions = dict[torch._ops.OpOverload, Callable[..., Any]]
 
 
 @dataclass
@@ -43,10 +45,14 @@ class Compiled:
 
 
 @contextlib.contextmanager
-def _exported(model: nn.Module, example_inputs: Sequence[Any]) -> Iterator[Any]:
+def _exported(
+    model: nn.Module, example_inputs: Sequence[Any], decompositions: Decompositions | None = None
+) -> Iterator[Any]:
     with contextlib.ExitStack() as stack:
         try:
-            joint = aot_export_joint_with_descriptors(stack, model, tuple(example_inputs))
+            joint = aot_export_joint_with_descriptors(
+                stack, model, tuple(example_inputs), decompositions=decompositions
+            )
         except UnsupportedModel:
             raise
         except Exception as error:  # torch raises many types; name what failed
@@ -75,15 +81,19 @@ def boxed_runner(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[
 
 
 def compile_training_step(
-    model: nn.Module, example_inputs: Sequence[Any], partition_fn: PartitionFn
+    model: nn.Module,
+    example_inputs: Sequence[Any],
+    partition_fn: PartitionFn,
+    decompositions: Decompositions | None = None,
 ) -> Compiled:
-    """Trace model(*example_inputs) with its backward and compile it through `partition_fn`.
+    """Trace model(*example_inputs) with its backward and compile it through `partition_fn`,
+    decomposing ops with `decompositions` where given (AOTAutograd's defaults otherwise).
 
     Nothing runs on real data: tracing uses fake tensors, so buffers are not updated.
     """
     if not model.training:
         raise UnsupportedModel(type(model).__name__, "model is in eval mode; call .train()")
-    with _exported(model, example_inputs) as joint:
+    with _exported(model, example_inputs, decompositions) as joint:
         fn = aot_compile_joint_with_descriptors(
             joint, partition_fn=partition_fn, fw_compiler=boxed_runner, bw_compiler=boxed_runner
         )

@@ -141,6 +141,8 @@ class Plan:
             raise PlanFileError(f"{path}: no such file") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise PlanFileError(f"{path}: not valid JSON ({error})") from None
+        except RecursionError:
+            raise PlanFileError(f"{path}: JSON nested too deeply to be a plan") from None
         try:
             return cls.from_json(data)
         except TypeError as error:

@@ -33,6 +33,13 @@ class SolverOptions:
     def __post_init__(self) -> None:
         if self.problem not in PROBLEMS:
             raise ValueError(f"problem must be one of {PROBLEMS}, got {self.problem!r}")
+        # `not x > 0` also refuses NaN.
+        if not self.time_limit > 0:
+            raise ValueError(
+                f"time_limit must be a positive number of seconds, got {self.time_limit}"
+            )
+        if self.bandwidth is not None and not self.bandwidth > 0:
+            raise ValueError(f"bandwidth must be a positive number, got {self.bandwidth}")
 
     def to_json(self) -> dict[str, object]:
         return dict(self.__dict__)

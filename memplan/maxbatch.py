@@ -1,0 +1,268 @@
+"""The largest batch that trains under a memory cap, for eager, PyTorch's partitioner and
+memplan, each within a step-time overhead limit.
+
+The cap is enforced for real: on a GPU by torch.cuda.set_per_process_memory_fraction, on
+CPU by the live-storage tracker, which raises torch.OutOfMemoryError the moment live
+memory passes the cap. A batch fits a method when one training step runs under the cap
+and its time per sample is at most (1 + overhead limit) times eager's time per sample at
+eager's largest batch (eager itself has no overhead limit). The search doubles the batch
+until it stops fitting, then bisects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from memplan.errors import InfeasibleBudget, MemplanError
+from memplan.planner.measure import LiveStorageTracker, median_step_seconds
+from memplan.verify import resident_tensors, training_step
+
+METHODS = ("eager", "pytorch", "memplan")
+DEFAULT_OVERHEAD = 0.25
+# A model and example inputs for a batch size (memplan.zoo's builders, partially applied).
+Builder = Callable[[int], tuple[nn.Module, tuple[Any, ...]]]
+
+
+def builder(spec: str) -> Builder:
+    """The model builder `spec` names: a memplan.zoo model, or MODULE:FUNCTION, a function
+    taking batch=N that returns a memplan.zoo.Example or a (model, inputs) pair."""
+    from memplan.zoo import ZOO, Example
+
+    if ":" in spec:
+        module_name, _, function_name = spec.partition(":")
+        try:
+            function = getattr(importlib.import_module(module_name), function_name)
+        except (ImportError, AttributeError) as error:
+            raise MemplanError(f"cannot load {spec!r}: {error}") from None
+    elif spec in ZOO:
+        function = ZOO[spec]
+    else:
+        raise MemplanError(
+            f"unknown model {spec!r}: a zoo model ({', '.join(sorted(ZOO))}) or MODULE:FUNCTION"
+        )
+
+    def build(batch: int) -> tuple[nn.Module, tuple[Any, ...]]:
+        made = function(batch=batch)
+        if isinstance(made, Example):
+            return made.model, made.inputs
+        if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], nn.Module):
+            return made[0], tuple(made[1])
+        raise MemplanError(
+            f"{spec} returned {type(made).__name__}, not an Example or (model, inputs)"
+        )
+
+    return build
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One batch size tried: whether it fit, with which setting, and why not if not."""
+
+    batch: int
+    fits: bool
+    setting: str = ""  # PyTorch's activation budget or memplan's solver that fit
+    step_seconds: float | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class MaxBatch:
+    """A method's largest batch under the cap, and every probe on the way."""
+
+    method: str
+    cap_bytes: int
+    batch: int  # 0: not even the first batch fits
+    step_seconds: float | None
+    setting: str
+    probes: list[Probe] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "cap_bytes": self.cap_bytes,
+            "batch": self.batch,
+            "step_seconds": self.step_seconds,
+            "setting": self.setting,
+            "probes": [p.__dict__ for p in self.probes],
+        }
+
+
+def max_batch(
+    build: Builder,
+    cap_bytes: int,
+    methods: Sequence[str] = METHODS,
+    *,
+    overhead: float = DEFAULT_OVERHEAD,
+    solver: str = "greedy",
+    start: int = 1,
+    limit: int = 1 << 16,
+    time_limit: float = 30.0,
+    repeats: int = 5,
+    on_probe: Callable[[str, Probe], None] | None = None,
+) -> list[MaxBatch]:
+    """The largest batch under `cap_bytes` for each of `methods` ("eager", "pytorch",
+    "memplan"). Eager runs first: its time per sample at its largest batch is what the
+    others' overhead is measured against."""
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise MemplanError(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
+    if cap_bytes <= 0 or not 1 <= start <= limit:
+        raise MemplanError(f"need a positive cap and 1 <= start <= limit, got {cap_bytes}, {start}")
+    if overhead < 0 or not math.isfinite(overhead):
+        raise MemplanError(f"overhead limit must be a non-negative number, got {overhead}")
+    trial = _Trial(build, cap_bytes, solver, time_limit, repeats)
+    eager = _search("eager", trial.eager, cap_bytes, start, limit, on_probe)
+    results = [eager] if "eager" in methods else []
+    if eager.batch == 0 or eager.step_seconds is None:
+        per_sample = math.inf  # nothing to compare with: no overhead limit
+    else:
+        per_sample = eager.step_seconds / eager.batch
+    trial.allowed_per_sample = per_sample * (1 + overhead)
+    for method in (m for m in methods if m != "eager"):
+        attempt = trial.pytorch if method == "pytorch" else trial.memplan
+        first = max(start, eager.batch)
+        results.append(_search(method, attempt, cap_bytes, first, limit, on_probe))
+    return results
+
+
+def _search(
+    method: str,
+    attempt: Callable[[int], Probe],
+    cap_bytes: int,
+    start: int,
+    limit: int,
+    on_probe: Callable[[str, Probe], None] | None,
+) -> MaxBatch:
+    """Double from `start` while the batch fits, then bisect between the last fit and the
+    first miss. Memory grows with the batch, so a miss is taken to stay a miss."""
+    probes: list[Probe] = []
+
+    def probe(batch: int) -> Probe:
+        found = attempt(batch)
+        probes.append(found)
+        if on_probe is not None:
+            on_probe(method, found)
+        return found
+
+    best: Probe | None = None
+    batch = start
+    while batch <= limit:
+        found = probe(batch)
+        if not found.fits:
+            break
+        best, batch = found, batch * 2
+    low = best.batch if best is not None else 0
+    high = min(batch, limit + 1)
+    while high - low > 1:
+        middle = (low + high) // 2
+        found = probe(middle)
+        if found.fits:
+            best, low = found, middle
+        else:
+            high = middle
+    if best is None:
+        return MaxBatch(method, cap_bytes, 0, None, "", probes)
+    return MaxBatch(method, cap_bytes, best.batch, best.step_seconds, best.setting, probes)
+
+
+class _Trial:
+    """Runs one method at one batch size under the cap."""
+
+    def __init__(
+        self, build: Builder, cap_bytes: int, solver: str, time_limit: float, repeats: int
+    ) -> None:
+        self.build = build
+        self.cap_bytes = cap_bytes
+        self.solver = solver
+        self.time_limit = time_limit
+        self.repeats = repeats
+        self.allowed_per_sample = math.inf
+
+    def eager(self, batch: int) -> Probe:
+        model, inputs = self.build(batch)
+        return self._run(batch, model, model, inputs, "")
+
+    def pytorch(self, batch: int) -> Probe:
+        """The fastest of PyTorch's activation memory budgets that fits."""
+        from memplan.compare import PYTORCH_BUDGETS, pytorch_partitioned
+
+        model, inputs = self.build(batch)
+        fitting = []
+        reason = ""
+        for budget in PYTORCH_BUDGETS:
+            module = pytorch_partitioned(model, inputs, budget)
+            found = self._run(batch, model, module, inputs, f"activation budget {budget:.1f}")
+            if found.fits:
+                fitting.append(found)
+            reason = reason or found.reason
+        if not fitting:
+            return Probe(batch, False, reason=reason)
+        return min(fitting, key=lambda p: p.step_seconds or 0.0)
+
+    def memplan(self, batch: int) -> Probe:
+        from memplan import api
+
+        model, inputs = self.build(batch)
+        try:
+            planned = api.optimize(
+                model,
+                inputs,
+                budget=self.cap_bytes,
+                solver=self.solver,
+                time_limit=self.time_limit,
+                progress=False,
+            )
+        except InfeasibleBudget as error:
+            return Probe(batch, False, reason=f"no plan: {error}")
+        return self._run(batch, model, planned, inputs, self.solver)
+
+    def _run(
+        self, batch: int, model: nn.Module, module: nn.Module, inputs: tuple[Any, ...], setting: str
+    ) -> Probe:
+        """One step of `module` under the cap, then its median time if it fit."""
+        step = training_step(module, inputs)
+        device = next(model.parameters()).device
+        try:
+            with capped(self.cap_bytes, resident_tensors(model, inputs), device):
+                step()
+        except torch.OutOfMemoryError as error:
+            return Probe(batch, False, setting, reason=str(error).splitlines()[0])
+        finally:
+            for p in model.parameters():
+                p.grad = None
+        seconds = median_step_seconds(step, device=device, repeats=self.repeats, warmup=1)
+        for p in model.parameters():
+            p.grad = None
+        if seconds / batch > self.allowed_per_sample:
+            reason = f"{seconds / batch * 1e3:.2f} ms per sample is over the overhead limit"
+            return Probe(batch, False, setting, seconds, reason)
+        return Probe(batch, True, setting, seconds)
+
+
+@contextlib.contextmanager
+def capped(
+    cap_bytes: int, resident: Sequence[torch.Tensor], device: torch.device
+) -> Iterator[None]:
+    """Device memory limited to `cap_bytes` inside the block: torch.OutOfMemoryError above.
+
+    On CUDA the caching allocator's per-process fraction; elsewhere the live-storage
+    tracker counting `resident` from the start."""
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.empty_cache()
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap_bytes / total), device)
+        try:
+            yield
+        finally:
+            torch.cuda.set_per_process_memory_fraction(1.0, device)
+        return
+    with LiveStorageTracker(resident, cap_bytes, device=device):
+        yield
