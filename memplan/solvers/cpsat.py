@@ -86,8 +86,8 @@ def _solve_remat(
     floor = max(scale.capacity, scale.footprint)
     first = _build(graph, scale, capacity=(floor, max(floor, scale.total)))
     first.model.minimize(first.capacity)
-    usable = start is not None and warm_start.occurrences(start) <= COPIES
-    _hint(first, graph, start if usable and start is not None else start_order(graph))
+    hinted = start if start is not None and _expressible(first, start) else start_order(graph)
+    _hint(first, graph, hinted)
     status1, solver1 = _run(first, deadline, options)
     if status1 not in (cp.OPTIMAL, cp.FEASIBLE):
         return make_result(options, started, "timeout", None, message="no point found in time")
@@ -350,6 +350,11 @@ def _hint(m: _Model, graph: Graph, sequence: Sequence[int]) -> None:
     for key, z in m.reads.items():
         m.model.add_hint(z, key in read)
     m.model.add_hint(m.slots, len(sequence))
+
+
+def _expressible(m: _Model, sequence: Sequence[int]) -> bool:
+    """Whether the model has a copy for each computation of each node in `sequence`."""
+    return all(n <= len(m.start[v]) for v, n in warm_start.copies(sequence).items())
 
 
 def start_order(graph: Graph) -> list[int]:

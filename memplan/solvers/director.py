@@ -321,7 +321,7 @@ class _GeneralPlan:
         for y in order:
             memory += size[y]
             peak = max(peak, memory)
-            for x in inputs[y]:
+            for x in dict.fromkeys(inputs[y]):  # an input read twice is freed once
                 if last.get(x) == y:
                     memory -= size[x]
         return peak

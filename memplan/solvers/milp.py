@@ -52,7 +52,10 @@ def solve(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
     Status: "optimal" (proved), "feasible" (time limit hit with a solution, see gap),
     "infeasible" (proved: no sequence fits; the schedule returned is then the least-peak
     one found in the time left, and the message names its peak), or "timeout" (no
-    solution in time; schedule None). options.time_limit covers building and solving.
+    solution in time; schedule None). HiGHS starts from the director's sequence where it
+    fits the budget and the stages express it, and where milp returns nothing faster that
+    sequence is the result ("feasible", memplan/solvers/warm_start.py).
+    options.time_limit covers the director, building and solving.
     """
     pulp = _import_pulp()
     if options.problem == "training":
@@ -483,24 +486,23 @@ def _solve_stage(
     remaining = deadline - time.perf_counter()
     if model is None or remaining <= 0:
         return _Outcome("timeout", None, None, None)
-    if start is not None:
-        _set_start(stages, model, start)
-    model.problem.solve(_backend(pulp, remaining, options))
+    started = start is not None and _set_start(stages, model, start)
+    model.problem.solve(_backend(pulp, remaining, options, started))
     status, bound, gap = _read_status(pulp, model.problem)
     schedule = _decode(graph, stages, model) if status in ("optimal", "feasible") else None
     return _Outcome(status, schedule, bound, gap)
 
 
-def _backend(pulp: ModuleType, remaining: float, options: SolverOptions) -> Any:
-    """HiGHS if highspy is installed, else CBC: one thread, seeded, tight tolerances, each
-    started from the variables' initial values where any are set."""
+def _backend(pulp: ModuleType, remaining: float, options: SolverOptions, started: bool) -> Any:
+    """HiGHS if highspy is installed, else CBC: one thread, seeded, tight tolerances, and
+    started from the variables' initial values where `started`."""
     if _highs_available():
         return _started_highs(pulp)(
             msg=False, timeLimit=remaining, threads=1, random_seed=options.seed % 2**31,
             mip_feasibility_tolerance=_TOLERANCE, primal_feasibility_tolerance=_TOLERANCE,
         )  # fmt: skip
     return pulp.PULP_CBC_CMD(
-        msg=False, timeLimit=max(1, math.ceil(remaining)), threads=1, warmStart=True,
+        msg=False, timeLimit=max(1, math.ceil(remaining)), threads=1, warmStart=started,
         options=[f"randomCbcSeed {options.seed}", f"primalTolerance {_TOLERANCE}"],
     )  # fmt: skip
 
@@ -525,7 +527,7 @@ def _started_highs(pulp: ModuleType) -> type:
 
 
 def _set_start(stages: _Stages, model: _Model, sequence: Sequence[int]) -> bool:
-    """Set R and S (and the paging variables, to 0) to the values of `sequence` as
+    """Set R and S (and the page-outs and page-ins, to 0) to the values of `sequence` as
     initial values, and say whether the stages could express it: its first computations
     must follow stages.order, and each stage recomputes a node at most once (run in
     position order, which may peak differently: HiGHS then rejects the start)."""
@@ -568,7 +570,7 @@ def _resident_entering(stages: _Stages, per_stage: list[list[int]]) -> list[set[
     until: dict[int, int] = {}  # step of a copy -> the last step it is needed
     for step, k in enumerate(steps):
         for u in stages.inputs[k]:
-            until[made[u]] = step
+            until[made[u]] = max(until[made[u]], step)  # an output's copy stays to the end
         made[k] = step
         until[step] = len(steps) if k in stages.outputs else step
     resident: list[set[int]] = []
@@ -808,7 +810,7 @@ def _pick_releases(
     remaining = deadline - time.perf_counter()
     if remaining <= 0:
         return Pick("timeout", None)
-    problem.solve(_backend(pulp, remaining, options))
+    problem.solve(_backend(pulp, remaining, options, started=True))
     status, _, _ = _read_status(pulp, problem)
     if status not in ("optimal", "feasible"):
         return Pick(status, None)

@@ -210,8 +210,10 @@ def solve(
         except InvalidSchedule:
             model.cuts.append(pick.chosen)
             continue
+        # The hint stays the director's: a pick the loop goes past is cut, so it would be
+        # an infeasible start.
         if _better(judged.trace, best.trace, budget, options.minimize_memory):
-            best, hint = judged, pick.chosen
+            best = judged
         # The model's promise: within the budget, or (minimizing) its predicted peak.
         limit = model.predicted_peak(pick.chosen) if cap is None else cap
         if judged.trace.peak <= limit:

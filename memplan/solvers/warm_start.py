@@ -25,6 +25,8 @@ from memplan.solvers import SolverOptions
 # most seconds it may take (it needs under two on the 1000-node shared graph).
 SHARE = 0.1
 MAX_SECONDS = 5.0
+# Relative difference below which two durations are equal.
+TIE = 1e-9
 
 
 def director_sequence(graph: Graph, budget: int, options: SolverOptions) -> list[int] | None:
@@ -44,9 +46,9 @@ def director_sequence(graph: Graph, budget: int, options: SolverOptions) -> list
     return found.schedule.computes()
 
 
-def occurrences(sequence: Sequence[int]) -> int:
-    """How many times the most often computed node appears in `sequence`."""
-    return max(Counter(sequence).values(), default=0)
+def copies(sequence: Sequence[int]) -> Counter[int]:
+    """How many times `sequence` computes each node."""
+    return Counter(sequence)
 
 
 def keep_faster(
@@ -58,16 +60,19 @@ def keep_faster(
 ) -> SolveResult:
     """`result`, unless the director's `start` is faster (or `result` has no schedule
     within the budget): then the start, as a feasible result with the solver's name, its
-    bound kept where it still bounds the start, and a message that says so."""
+    bound kept where it still bounds the start (a bound of the solver's model, which may
+    not contain the start), and a message that says so."""
     if start is None or options.minimize_memory:
         return result
     duration = remat.score(graph, start).duration
+    # Sums of the same times in another order may differ in the last bit: a tie is a tie.
+    tied = duration * (1 + TIE)
     if result.schedule is not None:
         trace = simulate(graph, result.schedule, bandwidth=options.bandwidth)
-        if trace.peak <= budget and trace.time <= duration:
+        if trace.peak <= budget and trace.time <= tied:
             return result
     bound = result.lower_bound
-    if bound is not None and not (math.isfinite(bound) and bound <= duration):
+    if bound is not None and not (math.isfinite(bound) and bound <= tied):
         bound = None
     gap = None if bound is None or duration == 0 else (duration - bound) / duration
     return dataclasses.replace(

@@ -1,0 +1,124 @@
+"""The largest batch under a memory cap (memplan.maxbatch) for GPT-2 and ResNet-50.
+
+Each model's cap is the eager peak at REFERENCE_BATCH, measured here (rounded up to a
+whole MiB), so that eager's largest batch is about REFERENCE_BATCH and the others' are
+read against it. Writes benchmarks/results/maxbatch-<device>.json and docs/maxbatch.md.
+Run: `python -m benchmarks.maxbatch [--help]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import warnings
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from benchmarks.models import DOCS, RESULTS, SIZES, machine
+from memplan.graph import format_bytes
+from memplan.maxbatch import DEFAULT_OVERHEAD, METHODS, MaxBatch, Probe, max_batch
+from memplan.planner.measure import measure_peak
+from memplan.verify import resident_tensors, training_step
+from memplan.zoo import ZOO
+
+MODELS = ("gpt2", "resnet50")
+REFERENCE_BATCH = 8
+TARGET = 2.5  # memplan's largest batch against eager's
+
+
+def build(name: str, batch: int) -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    sizes = {k: v for k, v in SIZES[name].items() if k != "batch"}
+    example = ZOO[name](batch=batch, **sizes)
+    return example.model, example.inputs
+
+
+def cap_for(name: str) -> int:
+    """The eager peak at REFERENCE_BATCH, rounded up to a whole MiB."""
+    model, inputs = build(name, REFERENCE_BATCH)
+    step = training_step(model, inputs)
+    step()
+    for p in model.parameters():
+        p.grad = None
+    peak = measure_peak(step, resident=resident_tensors(model, inputs), device="cpu").peak_bytes
+    return -(-peak // 2**20) * 2**20
+
+
+def markdown(found: dict[str, list[MaxBatch]], where: dict[str, Any], overhead: float) -> str:
+    lines = [
+        "# Largest batch under a memory cap",
+        "",
+        "Written by `python -m benchmarks.maxbatch`; raw figures in "
+        f"`benchmarks/results/maxbatch-{where['device']}.json`. Do not edit by hand.",
+        "",
+        f"Machine: {where['device_name']} ({where['device']}), {where['cpu_threads']} CPU "
+        f"threads, torch {where['torch']}, {where['date']}.",
+        "",
+        f"`memplan maxbatch` (memplan/maxbatch.py) with a step-time overhead limit of "
+        f"{overhead:.0%} per sample against eager's time per sample at eager's largest batch. "
+        "The cap is enforced: on CPU the live-storage tracker raises an out-of-memory error "
+        "the moment live memory passes it. Each model's cap is the eager peak at batch "
+        f"{REFERENCE_BATCH}, at the sizes of the head-to-head benchmark. PyTorch's partitioner "
+        "is tried at every activation memory budget and its fastest fitting one kept. "
+        f"Target: memplan at least {TARGET}x eager's largest batch.",
+        "",
+        "| model | cap | method | largest batch | vs eager | step time | setting |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    verdicts = []
+    for name, results in found.items():
+        eager = next(r.batch for r in results if r.method == "eager")
+        for r in results:
+            ratio = f"{r.batch / eager:.2f}x" if eager else "-"
+            seconds = "-" if r.step_seconds is None else f"{r.step_seconds * 1e3:.0f} ms"
+            lines.append(
+                f"| {name} | {format_bytes(r.cap_bytes)} | {r.method} | {r.batch} | {ratio} | "
+                f"{seconds} | {r.setting or '-'} |"
+            )
+        planned = next((r.batch for r in results if r.method == "memplan"), None)
+        if planned is not None and eager:
+            verdict = "met" if planned >= TARGET * eager else "missed"
+            verdicts.append(
+                f"- {name}: memplan {planned / eager:.2f}x eager's batch; target {verdict}."
+            )
+    return "\n".join([*lines, "", *verdicts, ""])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--overhead", type=float, default=DEFAULT_OVERHEAD)
+    parser.add_argument("--solver", default="greedy", help="memplan's solver")
+    args = parser.parse_args(argv)
+    console = Console()
+    warnings.filterwarnings("ignore", category=UserWarning)
+    found: dict[str, list[MaxBatch]] = {}
+    for name in args.models:
+        cap = cap_for(name)
+        console.print(f"{name}: cap {format_bytes(cap)} (eager peak at batch {REFERENCE_BATCH})")
+
+        def report(method: str, probe: Probe, name: str = name) -> None:
+            verdict = "fits" if probe.fits else f"no: {probe.reason[:90]}"
+            console.print(f"  {name} {method} batch {probe.batch}: {verdict}")
+
+        found[name] = max_batch(
+            functools.partial(build, name),
+            cap,
+            args.methods,
+            overhead=args.overhead,
+            solver=args.solver,
+            on_probe=report,
+        )
+    where = machine()
+    out = RESULTS / f"maxbatch-{where['device']}.json"
+    results = {name: [r.to_json() for r in rs] for name, rs in found.items()}
+    out.write_text(json.dumps({"machine": where, "results": results}, indent=1))
+    (DOCS / "maxbatch.md").write_text(markdown(found, where, args.overhead))
+    console.print(f"wrote {out} and {DOCS / 'maxbatch.md'}")
+
+
+if __name__ == "__main__":
+    main()
