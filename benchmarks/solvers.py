@@ -37,6 +37,8 @@ PAGING = "+paging"  # a solver name with this suffix runs with the host link
 EXACT = ("milp", "cpsat")
 # The issue's limits: 60 s up to 500 nodes, 300 s at 1000.
 LARGE_NODES, LARGE_TIME_LIMIT = 1000, 300.0
+# The director's scale target: a generated layered graph of this many nodes, within 5 s.
+SCALE_NODES, SCALE_SECONDS = 10_000, 5.0
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class Row:
     time_limit: float = 0.0
     bandwidth: float | None = None  # bytes per time unit, for the paging rows
     file: str = ""  # the graph's file stem in benchmarks/graphs
+    workers: int = 0  # solves running at a time in the run that made this row (0: unknown)
 
 
 def link(graph: Graph, reference: remat.Score) -> float:
@@ -88,7 +91,7 @@ def run_one(path: Path, share: str, solver: str, time_limit: float) -> Row:
                    gap=result.gap, wall_seconds=wall)  # fmt: skip
 
 
-def table(rows: list[Row], where: dict[str, object]) -> str:
+def table(rows: list[Row], where: dict[str, object], scale: list[dict[str, object]]) -> str:
     limits = sorted({r.time_limit for r in rows})
     lines = [
         "## Results on the literature's graphs",
@@ -98,7 +101,7 @@ def table(rows: list[Row], where: dict[str, object]) -> str:
         "",
         f"Machine: {where['machine']}, {where['cpus']} CPU cores, Python {where['python']}, "
         f"{where['date']}; time limit per solve: {', '.join(f'{t:g} s' for t in limits)} "
-        f"(the larger at {LARGE_NODES} nodes); {where['workers']} solves at a time.",
+        f"(the larger at {LARGE_NODES} nodes); solves at a time: {_workers(rows)}.",
         "",
         "Budget = ceil(share x P0), P0 the reference order's peak. TDI = total duration "
         "increase over the reference order, (D - D0) / D0, where a paging row's D includes "
@@ -106,6 +109,7 @@ def table(rows: list[Row], where: dict[str, object]) -> str:
         "the simulator; `infeasible` and `timeout` rows carry the least peak found.",
         "",
         *targets(rows),
+        *scale_lines(scale),
         "",
         "| graph | nodes | share | solver | status | peak / budget | TDI | gap | wall |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -119,6 +123,33 @@ def table(rows: list[Row], where: dict[str, object]) -> str:
             f"| {gap} | {r.wall_seconds:.2f} s |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _workers(rows: list[Row]) -> str:
+    """How many solves ran at a time, per solver (rows merged from several runs differ)."""
+    by_count: dict[int, list[str]] = {}
+    for solver in dict.fromkeys(r.solver for r in rows):
+        counts = {r.workers for r in rows if r.solver == solver}
+        for count in counts:
+            by_count.setdefault(count, []).append(solver)
+    return "; ".join(
+        f"{'unknown' if count == 0 else count} for {', '.join(names)}"
+        for count, names in sorted(by_count.items())
+    )
+
+
+def scale_lines(scale: list[dict[str, object]]) -> list[str]:
+    """The director's scale target, from the timings of director_at_scale."""
+    if not scale:
+        return [f"- `director` on a generated {SCALE_NODES}-node graph: not run."]
+    timings = ", ".join(f"{s['wall_seconds']:.2f} s at {s['share']} ({s['status']})" for s in scale)
+    slowest = max(float(s["wall_seconds"]) for s in scale)  # type: ignore[arg-type]
+    verdict = "met" if slowest <= SCALE_SECONDS else "missed"
+    return [
+        f"- `director` on a generated {SCALE_NODES}-node layered graph "
+        f"(`remat.random_layered_graph`): {timings}; the {SCALE_SECONDS:g} s target is "
+        f"{verdict}."
+    ]
 
 
 def _fits(row: Row) -> bool:
@@ -193,6 +224,27 @@ def write_section(page: Path, text: str) -> None:
     page.write_text(f"{before}{START}\n{text}{END}{after}")
 
 
+def director_at_scale(shares: list[str]) -> list[dict[str, object]]:
+    """The director's wall time on remat.random_layered_graph(SCALE_NODES) at each share."""
+    graph = remat.random_layered_graph(SCALE_NODES)
+    reference = remat.reference(graph)
+    found = []
+    for share in shares:
+        budget = remat.resolve_budget(graph, share)
+        options = solvers.SolverOptions(time_limit=60.0, problem="general")
+        started = time.perf_counter()
+        result = solvers.get_solver("director")(graph, budget, options)
+        seconds = time.perf_counter() - started
+        increase = None
+        if result.status == "feasible" and result.objective is not None:
+            increase = (result.objective - reference.duration) / reference.duration
+        found.append(
+            {"nodes": SCALE_NODES, "share": share, "status": result.status,
+             "duration_increase": increase, "wall_seconds": seconds}
+        )  # fmt: skip
+    return found
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -211,12 +263,20 @@ def main(argv: list[str] | None = None) -> None:
         "--report-only", action="store_true",
         help="rewrite docs/solvers.md from benchmarks/results/solvers.json",
     )  # fmt: skip
+    parser.add_argument(
+        "--scale-only", action="store_true",
+        help=f"only time the director on a generated {SCALE_NODES}-node graph",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     console = Console()
-    if args.report_only:
+    if args.report_only or args.scale_only:
         payload = json.loads((RESULTS / "solvers.json").read_text())
+        if args.scale_only:
+            payload["scale"] = director_at_scale(args.shares)
+            (RESULTS / "solvers.json").write_text(json.dumps(payload, indent=1))
         rows = [Row(**r) for r in payload["rows"]]
-        write_section(DOCS / "solvers.md", table(rows, payload["machine"]))
+        text = table(rows, payload["machine"], payload.get("scale", []))
+        write_section(DOCS / "solvers.md", text)
         console.print(f"wrote docs/solvers.md from {len(rows)} runs")
         return
     names = args.solvers or [*solvers.available("general"), *(n + PAGING for n in EXACT)]
@@ -243,12 +303,15 @@ def main(argv: list[str] | None = None) -> None:
         task = progress.add_task("solving", total=len(work))
         futures = {pool.submit(run_one, *job): job for job in work}
         for future in as_completed(futures):
-            done.append(future.result())
+            done.append(replace(future.result(), workers=args.workers))
             progress.advance(task)
             payload = {"machine": where, "rows": [asdict(r) for r in _ordered(done, shares)]}
             (RESULTS / "solvers.json").write_text(json.dumps(payload, indent=1))
     rows = _ordered(done, shares)
-    write_section(DOCS / "solvers.md", table(rows, where))
+    scale = director_at_scale(args.shares)
+    payload = {"machine": where, "rows": [asdict(r) for r in rows], "scale": scale}
+    (RESULTS / "solvers.json").write_text(json.dumps(payload, indent=1))
+    write_section(DOCS / "solvers.md", table(rows, where, scale))
     console.print(f"wrote benchmarks/results/solvers.json and docs/solvers.md ({len(rows)} runs)")
 
 

@@ -14,6 +14,7 @@ same sequence once `to_schedule` has put a Free after each copy's last read.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -26,6 +27,7 @@ from memplan.graph import (
     Compute,
     Free,
     Graph,
+    Node,
     Offload,
     Prefetch,
     Schedule,
@@ -172,3 +174,26 @@ def solved_schedule(
     if result.gap is not None:
         report["gap"] = result.gap
     return report
+
+
+def random_layered_graph(n: int, width: int = 20, seed: int = 0) -> Graph:
+    """A random layered DAG like the literature's, of any size: layers of `width` nodes,
+    each reading 1-3 nodes of the previous 1-3 layers, with 1-1000 bytes and 1-100 time
+    units. The bundled random_layered graphs stop at 1000 nodes; the director's 10,000-node
+    target is measured on this one."""
+    rng = random.Random(seed)
+    nodes: list[Node] = []
+    layers: list[list[int]] = []
+    while len(nodes) < n:
+        layer = []
+        for _ in range(min(width, n - len(nodes))):
+            v = len(nodes)
+            pool = [u for previous in layers[-rng.randint(1, 3) :] for u in previous]
+            inputs = tuple(sorted(rng.sample(pool, min(len(pool), rng.randint(1, 3)))))
+            size, duration = rng.randint(1, 1000), float(rng.randint(1, 100))
+            nodes.append(
+                Node(id=v, name=f"n{v}", op="op", inputs=inputs, bytes=size, time=duration)
+            )
+            layer.append(v)
+        layers.append(layer)
+    return Graph(nodes=tuple(nodes), name=f"layered{n}")

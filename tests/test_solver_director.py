@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 import time
 from pathlib import Path
 
@@ -22,27 +21,6 @@ PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[Healt
 GRAPHS = Path(__file__).resolve().parents[1] / "benchmarks" / "graphs"
 SHARED = sorted(GRAPHS.glob("*.json"))
 GENERAL = SolverOptions(problem="general")
-
-
-def layered_graph(n: int, width: int = 20, seed: int = 0) -> Graph:
-    """A random layered DAG like the literature's: layers of `width` nodes, each reading
-    1-3 nodes of the previous 1-3 layers."""
-    rng = random.Random(seed)
-    nodes: list[Node] = []
-    layers: list[list[int]] = []
-    while len(nodes) < n:
-        layer = []
-        for _ in range(min(width, n - len(nodes))):
-            v = len(nodes)
-            pool = [u for previous in layers[-rng.randint(1, 3) :] for u in previous]
-            inputs = tuple(sorted(rng.sample(pool, min(len(pool), rng.randint(1, 3)))))
-            size, duration = rng.randint(1, 1000), float(rng.randint(1, 100))
-            nodes.append(
-                Node(id=v, name=f"n{v}", op="op", inputs=inputs, bytes=size, time=duration)
-            )
-            layer.append(v)
-        layers.append(layer)
-    return Graph(nodes=tuple(nodes), name=f"layered{n}")
 
 
 def check_general(graph: Graph, budget: int) -> tuple[object, int]:
@@ -177,14 +155,14 @@ def test_general_minimize_memory_goes_below_the_budgeted_peak():
 
 
 def test_general_is_deterministic_per_seed():
-    graph = layered_graph(400, seed=1)
+    graph = remat.random_layered_graph(400, seed=1)
     budget = remat.resolve_budget(graph, "0.9")
     first, second = solve(graph, budget, GENERAL), solve(graph, budget, GENERAL)
     assert first.schedule is not None and first.schedule == second.schedule
 
 
 def test_general_scales_to_2000_nodes():
-    graph = layered_graph(2000)
+    graph = remat.random_layered_graph(2000)
     started = time.perf_counter()
     check_general(graph, remat.resolve_budget(graph, "0.8"))
     assert time.perf_counter() - started < 5.0  # generous: about 0.7 s here
@@ -192,7 +170,7 @@ def test_general_scales_to_2000_nodes():
 
 @pytest.mark.slow
 def test_general_scales_to_10000_nodes():
-    graph = layered_graph(10_000)
+    graph = remat.random_layered_graph(10_000)
     for share in ("0.9", "0.8"):
         started = time.perf_counter()
         solve(graph, remat.resolve_budget(graph, share), GENERAL)
