@@ -1,0 +1,64 @@
+"""The head-to-head benchmark's verdicts (benchmarks/models.py) on hand-made runs: which
+memplan run dominates a PyTorch point, the Pareto front, and the targets' wording."""
+
+from __future__ import annotations
+
+from benchmarks.models import Run, _front, dominating, model_targets
+
+MIB = 2**20
+
+
+def run(method: str, setting: str, peak_mib: float, ms: float, budget_mib: float | None = None):
+    return Run(
+        model="m",
+        method=method,
+        setting=setting,
+        solver="greedy" if method == "memplan" else None,
+        status="ok",
+        budget=None if budget_mib is None else int(budget_mib * MIB),
+        measured_peak=int(peak_mib * MIB),
+        step_seconds=ms / 1e3,
+    )
+
+
+EAGER = run("eager", "", 100, 100)
+PYTORCH = [run("pytorch", "1.0", 80, 100), run("pytorch", "0.2", 60, 150)]
+
+
+def test_a_memplan_run_dominates_within_two_percent_and_no_more():
+    within = run("memplan", "70%", 79, 101.9, 80)
+    slower = run("memplan", "50%", 50, 102.1, 60)
+    assert dominating([within, slower], PYTORCH[0]) is within
+    assert dominating([slower], PYTORCH[0]) is None
+    assert dominating([run("memplan", "90%", 81, 90, 90)], PYTORCH[0]) is None  # higher peak
+
+
+def test_front_keeps_only_runs_nothing_beats_on_both_axes():
+    a, b, c = (
+        run("memplan", "a", 50, 200),
+        run("memplan", "b", 70, 110),
+        run("memplan", "c", 75, 120),
+    )
+    assert _front([c, a, b]) == [b, a]
+
+
+def test_targets_name_the_misses_with_figures():
+    planned = [
+        run("memplan", "90%", 80, 100, 90),
+        run("memplan", "50%", 44, 140, 45),
+        run("memplan", "30%", 31, 200, 30),  # over its budget by 1 MiB
+    ]
+    lines = model_targets([EAGER, *PYTORCH, *planned])
+    assert lines[0].startswith("- Measured peak within the budget: 2 of 3")
+    assert "memplan greedy 30% by 1.00 MiB" in lines[0]
+    assert "dominates 2 of PyTorch's 2 points: every one." in lines[1]
+    # PyTorch's smallest peak is 60 MiB at 150 ms; memplan has 44 MiB at 140 ms: 26.7% lower.
+    assert "26.7% lower; the target of 25% is met" in lines[2]
+
+
+def test_targets_say_when_no_memplan_run_peaks_as_low():
+    lines = model_targets([EAGER, *PYTORCH, run("memplan", "90%", 90, 100, 90)])
+    assert "dominates 0 of PyTorch's 2 points" in lines[1]
+    assert "no memplan run peaks that low" in lines[1]
+    # At PyTorch's smallest peak (60 MiB, 150 ms) the only memplan run as fast peaks higher.
+    assert "-50.0% lower; the target of 25% is missed" in lines[2]
