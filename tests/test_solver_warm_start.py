@@ -36,19 +36,25 @@ def chain(n: int) -> Graph:
     )
 
 
+def started_model(graph: Graph, budget: int, options: SolverOptions):
+    """The director's sequence for `budget`, and milp's stages and model with it set as the
+    start (asserting that the director fits and the stages express its sequence)."""
+    import pulp
+
+    start = warm_start.director_sequence(graph, budget, options)
+    assert start is not None
+    stages = milp._Stages.of(graph)
+    model = milp._build(pulp, stages, budget, deadline=float("inf"))
+    assert model is not None and milp._set_start(stages, model, start)
+    return start, stages, model
+
+
 def test_milp_takes_the_directors_sequence_as_its_mip_start():
     """SegNet at 0.8 of its reference peak with paging allowed: without a start, HiGHS's
     incumbent after 20 s was 4.2x the reference duration. With the director's sequence as
     its start, a 3 s solve is HiGHS's own answer (not the fallback) and no slower."""
     graph, budget = shared("checkmate_segnet_b32_416x608_train", 0.8)
-    options = SolverOptions(problem="general", time_limit=3.0)
-    start = warm_start.director_sequence(graph, budget, options)
-    assert start is not None
-    import pulp
-
-    stages = milp._Stages.of(graph)
-    model = milp._build(pulp, stages, budget, deadline=float("inf"))
-    assert model is not None and milp._set_start(stages, model, start)
+    start, _, _ = started_model(graph, budget, SolverOptions(problem="general", time_limit=3.0))
 
     # The solver benchmark's link: every value moved once in the reference duration.
     bandwidth = sum(n.bytes for n in graph) / remat.reference(graph).duration
@@ -67,11 +73,7 @@ def test_milp_start_values_satisfy_the_model():
 
     graph, budget = shared("checkmate_segnet_b32_416x608_train", 0.7)
     options = SolverOptions(problem="general", time_limit=10.0)
-    start = warm_start.director_sequence(graph, budget, options)
-    assert start is not None
-    stages = milp._Stages.of(graph)
-    model = milp._build(pulp, stages, budget, deadline=float("inf"))
-    assert model is not None and milp._set_start(stages, model, start)
+    start, stages, model = started_model(graph, budget, options)
     for variable in model.problem.variables():
         if variable.varValue is not None:
             variable.lowBound = variable.upBound = variable.varValue
