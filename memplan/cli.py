@@ -29,7 +29,6 @@ from memplan.errors import (
     MemplanError,
     ModelFileError,
     OutputFileError,
-    PlanFileError,
 )
 from memplan.files import write_json_atomically, write_together
 from memplan.graph import Budget, format_bytes, load_node_link
@@ -290,10 +289,7 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
 
 def _show(args: argparse.Namespace, console: Console) -> int:
     check_outputs([args.plan], [args.png])
-    try:
-        plan = Plan.load(args.plan)
-    except RecursionError:  # json's parser recurses per level of nesting
-        raise PlanFileError(f"{args.plan}: not a plan (JSON nested too deeply)") from None
+    plan = Plan.load(args.plan)
     console.print(summary_table(plan))
     console.print(decision_table(plan, top=args.top or None))
     if args.png is not None:
@@ -482,21 +478,22 @@ def _one_line(error: BaseException | str) -> str:
     return text or type(error).__name__
 
 
-def _positive_float(text: str) -> float:
+def _number(text: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def _positive_float(text: str) -> float:
+    value = _number(text)
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
     return value
 
 
 def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    value = _number(text)
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
     return value

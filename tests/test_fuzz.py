@@ -430,13 +430,19 @@ def test_parsed_json_of_the_wrong_type_raises_graph_error():
             load_node_link(value)  # type: ignore[arg-type]
 
 
-def test_a_graph_whose_nodes_take_no_time_solves(tmp_path):
-    """The duration increase divided by the reference duration, 0 here."""
+def checkmate_with_every(folder: Path, field: str, value: object) -> Path:
+    """The checkmate-dialect graph with `field` set to `value` on every node, as a file."""
     data = copy.deepcopy(ORIGINALS["checkmate"])
     for node in data["nodes"]:
-        node["cost_cpu"] = 0
-    graph = tmp_path / "instant.json"
+        node[field] = value
+    graph = folder / f"every_{field}.json"
     graph.write_text(json.dumps(data))
+    return graph
+
+
+def test_a_graph_whose_nodes_take_no_time_solves(tmp_path):
+    """The duration increase divided by the reference duration, 0 here."""
+    graph = checkmate_with_every(tmp_path, "cost_cpu", 0)
     output = tmp_path / "schedule.json"
     run = run_cli(solve_argv(graph, "1.0", output))
     assert run.code == 0, run
@@ -445,11 +451,7 @@ def test_a_graph_whose_nodes_take_no_time_solves(tmp_path):
 
 
 def test_a_share_of_a_graph_without_bytes_is_no_budget(tmp_path):
-    data = copy.deepcopy(ORIGINALS["checkmate"])
-    for node in data["nodes"]:
-        node["cost_ram"] = 0
-    graph = tmp_path / "weightless.json"
-    graph.write_text(json.dumps(data))
+    graph = checkmate_with_every(tmp_path, "cost_ram", 0)
     with pytest.raises(BudgetError, match="reference peak of 0 bytes"):
         remat.resolve_budget(load_node_link(graph), "0.9")
     output = tmp_path / "out" / "schedule.json"

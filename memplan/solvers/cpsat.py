@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -354,7 +355,7 @@ def _hint(m: _Model, graph: Graph, sequence: Sequence[int]) -> None:
 
 def _expressible(m: _Model, sequence: Sequence[int]) -> bool:
     """Whether the model has a copy for each computation of each node in `sequence`."""
-    return all(n <= len(m.start[v]) for v, n in warm_start.copies(sequence).items())
+    return all(n <= len(m.start[v]) for v, n in Counter(sequence).items())
 
 
 def start_order(graph: Graph) -> list[int]:

@@ -12,15 +12,14 @@ from memplan.errors import InfeasibleBudget, MemplanError
 from memplan.graph import Graph, SolveResult
 from memplan.planner.simulate import simulate
 from memplan.solvers import SolverOptions, get_solver
+from memplan.solvers.warm_start import STARTING_SCHEDULE
 
 # The director's time limit where it stands in or finds the least peak: it needs far less.
 _DIRECTOR_SECONDS = 30.0
 # Solvers that prove optimality; anything less than "optimal" from them is their best
 # schedule at the time limit (or the director's, see solvers/warm_start.py).
 EXACT = frozenset({"milp", "cpsat"})
-# How solvers/warm_start.py's messages begin where an exact solver returns the director's
-# starting schedule, and how solve's own end where the director stands in.
-_STARTING_SCHEDULE = "the director's starting schedule"
+# How solve's own messages end where the director stands in.
 _STAND_IN = "; this is the director's"
 
 
@@ -93,7 +92,7 @@ def provenance(result: SolveResult, solver: str, options: SolverOptions) -> str 
         gap = f"a gap of {result.gap:.2%} to {solver}'s lower bound"
     if result.solver != solver or _STAND_IN in result.message:
         return result.message
-    if result.message.startswith(_STARTING_SCHEDULE):
+    if result.message.startswith(STARTING_SCHEDULE):
         return f"{result.message}; {gap}"
     if solver not in EXACT or result.status == "optimal":
         return None

@@ -12,6 +12,7 @@ lasts as long as the longer of the two (docs/solvers/milp.md).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import itertools
 import math
@@ -507,6 +508,7 @@ def _backend(pulp: ModuleType, remaining: float, options: SolverOptions, started
     )  # fmt: skip
 
 
+@functools.cache  # one class per process, not one per solve
 def _started_highs(pulp: ModuleType) -> type:
     """PuLP's HiGHS interface, handing the variables' initial values to HiGHS as a
     (partial) MIP start, which PuLP itself does not: HiGHS completes the continuous

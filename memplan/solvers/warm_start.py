@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import Counter
 from collections.abc import Sequence
 
 from memplan import remat
@@ -27,6 +26,9 @@ SHARE = 0.1
 MAX_SECONDS = 5.0
 # Relative difference below which two durations are equal.
 TIE = 1e-9
+# How the message of a result that is the director's start begins (general.provenance
+# reads it).
+STARTING_SCHEDULE = "the director's starting schedule"
 
 
 def director_sequence(graph: Graph, budget: int, options: SolverOptions) -> list[int] | None:
@@ -44,11 +46,6 @@ def director_sequence(graph: Graph, budget: int, options: SolverOptions) -> list
     if found.status != "feasible" or found.schedule is None:
         return None
     return found.schedule.computes()
-
-
-def copies(sequence: Sequence[int]) -> Counter[int]:
-    """How many times `sequence` computes each node."""
-    return Counter(sequence)
 
 
 def keep_faster(
@@ -82,7 +79,7 @@ def keep_faster(
         objective=duration,
         lower_bound=bound,
         gap=gap,
-        message=f"the director's starting schedule: {result.solver} found none faster "
+        message=f"{STARTING_SCHEDULE}: {result.solver} found none faster "
         f"within the budget ({result.status}"
         + (f": {result.message}" if result.message else "")
         + ")",
