@@ -12,16 +12,19 @@ class BudgetError(MemplanError, ValueError):
 
 
 class InfeasibleBudget(MemplanError):
-    """No schedule found fits the budget; `smallest_feasible` is the least peak found."""
+    """No schedule found fits the budget; `smallest_feasible` is the least peak found
+    (`what` says which: the live "peak", or the "arena" of the plan's layout)."""
 
-    def __init__(self, budget: int, smallest_feasible: int, solver: str) -> None:
+    def __init__(
+        self, budget: int, smallest_feasible: int, solver: str, *, what: str = "peak"
+    ) -> None:
         from memplan.graph import format_bytes
 
         self.budget = budget
         self.smallest_feasible = smallest_feasible
         self.solver = solver
         super().__init__(
-            f"budget {format_bytes(budget)} ({budget} B) is below the smallest feasible peak "
+            f"budget {format_bytes(budget)} ({budget} B) is below the smallest feasible {what} "
             f"{format_bytes(smallest_feasible)} ({smallest_feasible} B) found by {solver!r}"
         )
 

@@ -23,6 +23,7 @@ from memplan.errors import InfeasibleBudget, MemplanError, PlanFileError
 from memplan.files import write_atomically
 from memplan.graph import Budget, Decision, Graph, Schedule, SolveResult, format_bytes
 from memplan.passes.rewrite import rewrite
+from memplan.planner.layout import ALLOCATOR_ALIGNMENT, METHODS, Layout, check_layout, lay_out
 from memplan.planner.lower import DEFAULT_OFFLOAD_THRESHOLD, Lowered, drop_checked_asserts, lower
 from memplan.planner.profile import ProfileCache, profile_graph
 from memplan.planner.simulate import MemoryTrace, simulate
@@ -32,6 +33,10 @@ from memplan.solvers.training import build_schedule
 PLAN_FORMAT = 1
 # Host link bandwidth assumed when offloading and none is given: PCIe 4.0 x16 in practice.
 DEFAULT_BANDWIDTH = {"cuda": 2.5e10, "cpu": 1.0e10}
+FRAGMENTATION = ("live", "arena")
+# In "arena" mode, how many times the live budget is lowered by the arena's excess and
+# the graph solved again before giving up.
+ARENA_ROUNDS = 8
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,19 @@ class PlanOptions:
     # torch.compile default, where each graph of a graph break is planned on its own)
     # instead of raising InfeasibleBudget.
     best_effort: bool = False
+    # What the budget bounds: "live", the sum of live bytes (what the simulator counts);
+    # "arena", the arena of the plan's layout, fragmentation included (planner/layout.py).
+    fragmentation: str = "live"
+    layout: str = "best"  # the layout method, one of layout.METHODS
+
+    def __post_init__(self) -> None:
+        if self.fragmentation not in FRAGMENTATION:
+            raise MemplanError(
+                f"fragmentation must be one of {', '.join(FRAGMENTATION)}, "
+                f"got {self.fragmentation!r}"
+            )
+        if self.layout not in METHODS:
+            raise MemplanError(f"layout must be one of {', '.join(METHODS)}, got {self.layout!r}")
 
     def solver_options(self, device: torch.device) -> SolverOptions:
         offload = self.offload if self.offload is not None else device.type != "cpu"
@@ -82,6 +100,16 @@ class Plan:
     unplanned_clock: list[float]
     backward_start: int
     options: dict[str, Any] = field(default_factory=dict)
+    # The layout of the plan's allocations in one arena (planner/layout.py); absent (0,
+    # "", []) in plans written before layouts were planned.
+    arena: int = 0
+    layout_method: str = ""
+    placements: list[list[int]] = field(default_factory=list)  # [start, end, bytes, offset]
+
+    @property
+    def fragmentation(self) -> float:
+        """Arena bytes above the predicted live peak, as a fraction of it."""
+        return self.arena / self.predicted_peak - 1 if self.arena and self.predicted_peak else 0.0
 
     @property
     def overhead(self) -> float:
@@ -111,11 +139,14 @@ class Plan:
         if not (isinstance(data, dict) and _is_int(version) and version == PLAN_FORMAT):
             raise PlanFileError("not a memplan plan (missing or unknown 'format')")
         names = [f.name for f in dataclasses.fields(cls)]
-        missing = sorted(set(names) - data.keys())
+        required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
+        missing = sorted(set(required) - data.keys())
         if missing:
             raise PlanFileError(f"plan is missing fields: {', '.join(missing)}")
         fields: dict[str, Any] = {}
         for name in names:
+            if name not in data:
+                continue
             try:
                 fields[name] = _PLAN_FIELDS[name](data[name])
             except _Mismatch as mismatch:
@@ -235,6 +266,20 @@ def _decision(value: object) -> str:
     return value
 
 
+def _placement(value: object) -> list[int]:
+    """[start, end, bytes, offset]: integers, start at least -1 (resident before step 0)."""
+    if not (
+        isinstance(value, list)
+        and len(value) == 4
+        and all(_is_int(x) for x in value)
+        and value[0] >= -1
+        and value[1] >= value[0]
+        and min(value[2:]) >= 0
+    ):
+        raise _Mismatch("must be [start, end, bytes, offset] integers with start <= end")
+    return value
+
+
 def _options(value: object) -> dict[str, Any]:
     if not (isinstance(value, dict) and all(isinstance(key, str) for key in value)):
         raise _Mismatch(f"must be an object, got {_shown(value)}")
@@ -264,6 +309,9 @@ _PLAN_FIELDS: dict[str, Callable[[object], Any]] = {
     "unplanned_clock": _list_of(_seconds, "finite non-negative numbers"),
     "backward_start": _count,
     "options": _options,
+    "arena": _count,
+    "layout_method": _text,
+    "placements": _list_of(_placement, "[start, end, bytes, offset] lists"),
 }
 
 
@@ -277,7 +325,8 @@ def plan_graph(
     reuse: Plan | None = None,
 ) -> tuple[Plan, Schedule]:
     """Solve the graph for the budget (or re-apply `reuse`'s decisions), checked by the
-    simulator. Raises InfeasibleBudget with the least peak found when nothing fits."""
+    simulator, and lay its allocations out in one arena. Raises InfeasibleBudget with the
+    least peak (in "arena" mode, the least arena) found when nothing fits."""
     solver_options = options.solver_options(device)
     bandwidth = solver_options.bandwidth
     reference = get_solver("keep_all")(graph, 0, solver_options)
@@ -289,35 +338,112 @@ def plan_graph(
         result = _reapply(graph, reuse, solver_options)
     else:
         result = get_solver(options.solver)(graph, budget_bytes, solver_options)
+    result, trace, budget_bytes = _within_budget(
+        graph, result, budget_bytes, options, solver_options
+    )
+    layout = _layout(trace, options)
+    if options.fragmentation == "arena" and reuse is None:
+        result, trace, layout, budget_bytes = _fit_arena(
+            graph, result, trace, layout, budget_bytes, options, solver_options
+        )
+    assert result.schedule is not None
+    # The judges: the simulator for the live peak, the invariant checker for the layout.
+    simulate(graph, result.schedule, bandwidth=bandwidth, budget=budget_bytes)
+    check_layout(trace.allocations, layout)
+    plan = _make_plan(graph, result, trace, unplanned, budget_bytes, device, fingerprint, options)
+    plan = dataclasses.replace(
+        plan,
+        arena=layout.arena,
+        layout_method=layout.method,
+        placements=[
+            [a.start, a.end, a.bytes, offset]
+            for a, offset in zip(trace.allocations, layout.offsets, strict=True)
+        ],
+    )
+    return plan, result.schedule
+
+
+def _within_budget(
+    graph: Graph,
+    result: SolveResult,
+    budget: int,
+    options: PlanOptions,
+    solver_options: SolverOptions,
+) -> tuple[SolveResult, MemoryTrace, int]:
+    """The result and its trace if its peak fits; else, with best_effort, the least peak
+    found and that peak as the budget; else InfeasibleBudget."""
+    bandwidth = solver_options.bandwidth
     trace = (
         None if result.schedule is None else simulate(graph, result.schedule, bandwidth=bandwidth)
     )
-    if trace is None or trace.peak > budget_bytes:
-        least = get_solver("greedy")(
-            graph, 0, dataclasses.replace(solver_options, minimize_memory=True)
+    if trace is not None and trace.peak <= budget:
+        return result, trace, budget
+    least = get_solver("greedy")(
+        graph, 0, dataclasses.replace(solver_options, minimize_memory=True)
+    )
+    assert least.schedule is not None
+    least_trace = simulate(graph, least.schedule, bandwidth=bandwidth)
+    if trace is not None and trace.peak <= least_trace.peak:
+        least, least_trace = result, trace
+    if least_trace.peak <= budget:
+        raise MemplanError(
+            f"solver {result.solver!r} found no schedule within {format_bytes(budget)}"
+            f"; 'greedy' reaches {format_bytes(least_trace.peak)}"
         )
-        assert least.schedule is not None
-        least_trace = simulate(graph, least.schedule, bandwidth=bandwidth)
-        if trace is not None and trace.peak <= least_trace.peak:
-            least, least_trace = result, trace
-        if least_trace.peak <= budget_bytes:
-            raise MemplanError(
-                f"solver {result.solver!r} found no schedule within {format_bytes(budget_bytes)}"
-                f"; 'greedy' reaches {format_bytes(least_trace.peak)}"
-            )
-        if not options.best_effort:
-            raise InfeasibleBudget(budget_bytes, least_trace.peak, result.solver)
-        warnings.warn(
-            f"{graph.name}: budget {format_bytes(budget_bytes)} is infeasible; planned for "
-            f"its smallest feasible peak {format_bytes(least_trace.peak)} instead",
-            stacklevel=2,
-        )
-        result = dataclasses.replace(least, status="best-effort")
-        trace, budget_bytes = least_trace, least_trace.peak
-    assert result.schedule is not None
-    simulate(graph, result.schedule, bandwidth=bandwidth, budget=budget_bytes)  # the judge
-    plan = _make_plan(graph, result, trace, unplanned, budget_bytes, device, fingerprint, options)
-    return plan, result.schedule
+    if not options.best_effort:
+        raise InfeasibleBudget(budget, least_trace.peak, result.solver)
+    warnings.warn(
+        f"{graph.name}: budget {format_bytes(budget)} is infeasible; planned for "
+        f"its smallest feasible peak {format_bytes(least_trace.peak)} instead",
+        stacklevel=3,
+    )
+    return dataclasses.replace(least, status="best-effort"), least_trace, least_trace.peak
+
+
+def _layout(trace: MemoryTrace, options: PlanOptions) -> Layout:
+    """The trace's allocations laid out as the device allocator would align them."""
+    return lay_out(trace.allocations, options.layout, alignment=ALLOCATOR_ALIGNMENT)
+
+
+def _fit_arena(
+    graph: Graph,
+    result: SolveResult,
+    trace: MemoryTrace,
+    layout: Layout,
+    budget: int,
+    options: PlanOptions,
+    solver_options: SolverOptions,
+) -> tuple[SolveResult, MemoryTrace, Layout, int]:
+    """Bound the arena, not only the live peak, by the budget: while the layout's arena is
+    above it, solve again with the live budget lowered by the excess (the fragmentation the
+    layout costs is taken out of the bytes the solver may keep live)."""
+    live_budget = budget
+    for _ in range(ARENA_ROUNDS):
+        if layout.arena <= budget:
+            return result, trace, layout, budget
+        live_budget -= layout.arena - budget
+        if live_budget <= 0:
+            break
+        again = get_solver(options.solver)(graph, live_budget, solver_options)
+        if again.schedule is None:
+            break
+        again_trace = simulate(graph, again.schedule, bandwidth=solver_options.bandwidth)
+        if again_trace.peak > live_budget:
+            break
+        again_layout = _layout(again_trace, options)
+        if again_layout.arena >= layout.arena and again_layout.arena > budget:
+            break  # lowering the live budget no longer lowers the arena
+        result, trace, layout = again, again_trace, again_layout
+    if layout.arena <= budget:
+        return result, trace, layout, budget
+    if not options.best_effort:
+        raise InfeasibleBudget(budget, layout.arena, result.solver, what="arena")
+    warnings.warn(
+        f"{graph.name}: no layout found within {format_bytes(budget)}; planned for an "
+        f"arena of {format_bytes(layout.arena)} instead",
+        stacklevel=3,
+    )
+    return dataclasses.replace(result, status="best-effort"), trace, layout, layout.arena
 
 
 def _reapply(graph: Graph, reuse: Plan, options: SolverOptions) -> SolveResult:

@@ -16,6 +16,23 @@ from memplan.graph import Compute, Free, Graph, NodeKind, Offload, Prefetch, Sch
 
 
 @dataclass(frozen=True)
+class Allocation:
+    """One storage instance's device bytes and the steps they are live in.
+
+    Live after steps start..end-1, the way MemoryTrace.live counts: `start` is the step
+    that allocated it (-1: resident before the first step) and `end` the step that freed
+    it (the schedule's length: still live at the end). `node` made the allocation. A
+    carved output is its own allocation from its producer's start, and the producer's
+    allocation is what it keeps, so the bytes live at each step match MemoryTrace.live.
+    """
+
+    node: int
+    bytes: int
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
 class MemoryTrace:
     """What simulating a schedule predicts.
 
@@ -30,6 +47,7 @@ class MemoryTrace:
     clock: tuple[float, ...]
     live_at_peak: frozenset[int]  # nodes with a device copy at the peak step
     baseline: int  # bytes resident before the first step
+    allocations: tuple[Allocation, ...]  # every storage instance, in allocation order
 
 
 class _State:
@@ -53,6 +71,10 @@ class _State:
         self.account: dict[int, int] = {}  # live storage instance -> bytes it holds now
         self.newest: dict[int, int] = {}  # storage owner -> the last instance opened for it
         self.opened = 0  # storage instances opened so far (the next one's id)
+        self.step = -1  # the step being simulated; -1 before the first
+        self.maker: dict[int, int] = {}  # storage instance -> the node that allocated it
+        self.since: dict[int, int] = {}  # storage instance -> the step that allocated it
+        self.freed: dict[int, tuple[int, int]] = {}  # released instance -> (step, bytes)
         self.host_ready: dict[int, float] = {}  # offloaded node -> time its host copy is whole
         self.offload_end: dict[int, float] = {}  # device copy busy being read until then
         self.memory = 0
@@ -66,6 +88,7 @@ class _State:
             instance, self.opened = self.opened, self.opened + 1
             self.members[instance], self.account[instance] = 0, 0
             self.newest[self.owner[node]] = instance
+            self.maker[instance], self.since[instance] = node, self.step
         self.instance[node] = instance
         self.members[instance] += 1
         self.account[instance] += new_bytes
@@ -76,7 +99,17 @@ class _State:
         self.members[instance] -= 1
         if self.members[instance] == 0:
             del self.members[instance]
-            self.memory -= self.account.pop(instance)
+            held = self.account.pop(instance)
+            self.memory -= held
+            self.freed[instance] = (self.step, held)
+
+    def allocations(self, steps: int) -> tuple[Allocation, ...]:
+        """Every instance opened, with the bytes it holds last (carvings taken out)."""
+        ends = {**self.freed, **{i: (steps, held) for i, held in self.account.items()}}
+        return tuple(
+            Allocation(node, ends[i][1], self.since[i], ends[i][0])
+            for i, node in self.maker.items()
+        )
 
     def view_instance(self, v: int) -> int | None:
         """The live storage instance view `v` joins when it is made now, None if there is none.
@@ -124,6 +157,7 @@ def simulate(
     clock: list[float] = []
 
     for index, step in enumerate(schedule.steps):
+        state.step = index
         node = graph[step.node] if 0 <= step.node < len(graph) else None
         if node is None:
             raise InvalidSchedule(f"step {index}: unknown node id {step.node}")
@@ -184,6 +218,7 @@ def simulate(
         clock=tuple(clock),
         live_at_peak=live_at_peak,
         baseline=baseline,
+        allocations=state.allocations(len(schedule.steps)),
     )
 
 
@@ -208,6 +243,8 @@ def _compute(state: _State, v: int, where: str) -> None:
         state.account[parent_instance] -= taken
         state.memory -= taken
         state.hold(v, taken)
+        # The carved bytes were allocated with the producer's instance, not now.
+        state.since[state.instance[v]] = state.since[parent_instance]
     elif node.alias_of is not None:
         instance = state.view_instance(v)
         if instance is None:
