@@ -33,11 +33,14 @@ from memplan.errors import (
 from memplan.files import write_json_atomically, write_together
 from memplan.graph import Budget, format_bytes, load_node_link
 from memplan.planner import capture
-from memplan.planner.plan import Plan, PlanOptions
+from memplan.planner.layout import METHODS as LAYOUTS
+from memplan.planner.plan import FRAGMENTATION, Plan, PlanOptions
 from memplan.report import (
     decision_table,
     maxbatch_table,
+    placement_plot,
     plot_timeline,
+    require_placements,
     summary_table,
     verification_table,
 )
@@ -122,6 +125,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_search_options(plan)
     plan.add_argument(
+        "--fragmentation",
+        choices=FRAGMENTATION,
+        default=DEFAULTS.fragmentation,
+        help="what the budget bounds: 'live', the bytes live at once; 'arena', the arena "
+        "the plan's allocations are laid out in, fragmentation included (default: "
+        f"{DEFAULTS.fragmentation})",
+    )
+    plan.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default=DEFAULTS.layout,
+        help="how allocations are laid out in the arena: 'size', best fit, largest first; "
+        "'start', first fit in allocation order; 'exact', CP-SAT; 'best', the better "
+        f"heuristic, then CP-SAT on small graphs (default: {DEFAULTS.layout})",
+    )
+    plan.add_argument(
         "--no-measure",
         dest="measure",
         action="store_false",
@@ -159,6 +178,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     show.add_argument("plan", type=Path, help="a plan.json written by `memplan plan`")
     show.add_argument("--png", type=Path, help="write the memory timeline plot here")
+    show.add_argument(
+        "--placement-png",
+        type=Path,
+        metavar="PATH",
+        help="write a plot of where each allocation lies in the arena over the steps here",
+    )
     show.add_argument(
         "--top",
         type=_non_negative_int,
@@ -265,6 +290,8 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
         measure=args.measure,
         offload=args.offload,
         bandwidth=args.bandwidth,
+        fragmentation=args.fragmentation,
+        layout=args.layout,
     )
     plan = dataclasses.replace(plan, name=args.model.stem)
     console.print(summary_table(plan))
@@ -288,13 +315,21 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
 
 
 def _show(args: argparse.Namespace, console: Console) -> int:
-    check_outputs([args.plan], [args.png])
+    check_outputs([args.plan], [args.png, args.placement_png])
     plan = Plan.load(args.plan)
+    if args.placement_png is not None:
+        require_placements(plan)  # an older plan file fails before anything is printed
     console.print(summary_table(plan))
     console.print(decision_table(plan, top=args.top or None))
+    # Both plots or neither: an error in one leaves the other's file as it was.
+    outputs: list[tuple[Path, Callable[[Path], object]]] = []
     if args.png is not None:
-        plot_timeline(plan, args.png)
-        console.print(f"wrote {args.png}")
+        outputs.append((args.png, lambda at: plot_timeline(plan, at)))
+    if args.placement_png is not None:
+        outputs.append((args.placement_png, lambda at: placement_plot(plan, at)))
+    write_together(outputs)
+    for path, _ in outputs:
+        console.print(f"wrote {path}")
     return 0
 
 

@@ -1,16 +1,20 @@
-"""Human-readable views of a Plan (rich tables for the terminal and a memory-timeline
-plot) and of a largest-batch search."""
+"""Human-readable views of a Plan (rich tables for the terminal, a memory-timeline plot and
+a plot of where its allocations lie in the arena) and of a largest-batch search."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 from rich.markup import escape
 from rich.table import Table
 
+from memplan.errors import MemplanError
 from memplan.files import write_atomically
 from memplan.graph import Decision, format_bytes
 from memplan.maxbatch import MaxBatch
@@ -43,6 +47,12 @@ def summary_table(plan: Plan) -> Table:
     table.add_row(
         "predicted peak", f"{format_bytes(plan.predicted_peak)} ({share:.1%} of unplanned)"
     )
+    if plan.arena > 0:  # plan files written before layouts have no arena
+        over = ", [red]above the budget[/]" if plan.arena > plan.budget else ""
+        table.add_row(
+            "arena", f"{format_bytes(plan.arena)} ({escape(plan.layout_method)} layout{over})"
+        )
+        table.add_row("fragmentation", f"{plan.fragmentation:.2%} above the predicted peak")
     table.add_row("unplanned time", format_seconds(plan.unplanned_time))
     table.add_row(
         "predicted time", f"{format_seconds(plan.predicted_time)} ({plan.overhead:+.1%} overhead)"
@@ -176,6 +186,115 @@ def plot_timeline(
     axes.grid(alpha=0.3)
     axes.legend(loc="best", fontsize="small")
     write_atomically(path, lambda out: figure.savefig(out, format="png", dpi=120), binary=True)
+
+
+# Placement colours: resident before the first step, allocated in forward, in backward.
+_PHASES = (("resident", "0.6"), ("forward", "C0"), ("backward", "C1"))
+
+
+def require_placements(plan: Plan) -> None:
+    """MemplanError unless the plan holds its allocations' layout."""
+    if not plan.placements:
+        raise MemplanError(
+            f"plan {plan.name!r} has no placements: its file predates memplan's layouts; "
+            "plan again to lay out its allocations"
+        )
+
+
+def placement_plot(plan: Plan, path: str | Path) -> None:
+    """Write placement_figure(plan) as a PNG."""
+    figure = placement_figure(plan)
+    write_atomically(path, lambda out: figure.savefig(out, format="png", dpi=120), binary=True)
+
+
+def placement_figure(plan: Plan) -> Figure:
+    """Where each allocation lies in the plan's arena: step on the x axis, address on the
+    y axis, one rectangle per allocation, coloured by when it was made (resident before
+    the first step, in the forward pass, in the backward pass).
+
+    The rectangle of an allocation live after steps start..end-1 spans x = start..end, so
+    that the column over step i holds what is live after step i (the column over -1: what
+    is resident before the first step) and stacks up to the timeline's bytes there. Lines
+    mark the arena, the predicted live peak (the least arena any layout can have), the
+    budget and where the backward pass starts.
+    """
+    require_placements(plan)
+    figure = Figure(figsize=(10, 5), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+
+    placed = np.array(plan.placements, dtype=np.int64).reshape(-1, 4)
+    placed = placed[(placed[:, 1] > placed[:, 0]) & (placed[:, 2] > 0)]
+    start, end = placed[:, 0].astype(float), placed[:, 1].astype(float)
+    low = placed[:, 3] / MIB
+    high = (placed[:, 3] + placed[:, 2]) / MIB
+    # One polygon per allocation, in one collection: thousands draw in well under a second.
+    corners = np.stack(
+        [
+            np.stack(corner, axis=1)
+            for corner in ((start, low), (end, low), (end, high), (start, high))
+        ],
+        axis=1,
+    )
+    phase = np.where(placed[:, 0] < 0, 0, np.where(placed[:, 0] < plan.backward_start, 1, 2))
+    colors = np.array([color for _, color in _PHASES])[phase]
+    edge = 0.3 if len(placed) <= 2000 else 0.0
+    axes.add_collection(
+        PolyCollection(corners, facecolors=colors, edgecolors="white", linewidths=edge, alpha=0.9)
+    )
+    handles: list[object] = [
+        Patch(color=color, label=f"{name} ({int((phase == index).sum())})")
+        for index, (name, color) in enumerate(_PHASES)
+        if (phase == index).any()
+    ]
+
+    arena_line = axes.axhline(
+        plan.arena / MIB,
+        color="black",
+        linestyle="--",
+        linewidth=1,
+        label=f"arena {format_bytes(plan.arena)}",
+    )
+    peak_line = axes.axhline(
+        plan.predicted_peak / MIB,
+        color="C2",
+        linestyle="--",
+        linewidth=1,
+        label=f"predicted live peak {format_bytes(plan.predicted_peak)}",
+    )
+    budget_line = axes.axhline(
+        plan.budget / MIB,
+        color="C3",
+        linestyle="-.",
+        linewidth=1,
+        label=f"budget {format_bytes(plan.budget)}",
+    )
+    handles += [arena_line, peak_line, budget_line]
+    steps = max(len(plan.timeline), int(placed[:, 1].max()) if len(placed) else 0)
+    if 0 < plan.backward_start <= steps:
+        handles.append(
+            axes.axvline(
+                plan.backward_start,
+                color="black",
+                linestyle=":",
+                linewidth=1,
+                label="backward starts",
+            )
+        )
+
+    axes.set_xlim(-1, max(steps, 1))
+    top = max(plan.arena, plan.budget, plan.predicted_peak, 1)
+    axes.set_ylim(0, top / MIB * 1.04)
+    axes.set_xlabel("step (each column: what is live after it; -1: before the first)")
+    axes.set_ylabel("address in the arena (MiB)")
+    method = f", {plan.layout_method} layout" if plan.layout_method else ""
+    axes.set_title(
+        f"placements: {plan.name}: arena {format_bytes(plan.arena)}{method}, "
+        f"fragmentation {plan.fragmentation:.2%} above the live peak"
+    )
+    axes.grid(alpha=0.3)
+    axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+    return figure
 
 
 def _has_clock(clock: Sequence[float], timeline: Sequence[int]) -> bool:

@@ -23,6 +23,7 @@ from memplan.errors import InfeasibleBudget, MemplanError, PlanFileError
 from memplan.files import write_atomically
 from memplan.graph import Budget, Decision, Graph, Schedule, SolveResult, format_bytes
 from memplan.passes.rewrite import rewrite
+from memplan.planner.fragmentation import fit_arena
 from memplan.planner.layout import ALLOCATOR_ALIGNMENT, METHODS, Layout, check_layout, lay_out
 from memplan.planner.lower import DEFAULT_OFFLOAD_THRESHOLD, Lowered, drop_checked_asserts, lower
 from memplan.planner.profile import ProfileCache, profile_graph
@@ -34,9 +35,6 @@ PLAN_FORMAT = 1
 # Host link bandwidth assumed when offloading and none is given: PCIe 4.0 x16 in practice.
 DEFAULT_BANDWIDTH = {"cuda": 2.5e10, "cpu": 1.0e10}
 FRAGMENTATION = ("live", "arena")
-# In "arena" mode, how many times the live budget is lowered by the arena's excess and
-# the graph solved again before giving up.
-ARENA_ROUNDS = 8
 
 
 @dataclass(frozen=True)
@@ -341,11 +339,12 @@ def plan_graph(
     result, trace, budget_bytes = _within_budget(
         graph, result, budget_bytes, options, solver_options
     )
-    layout = _layout(trace, options)
     if options.fragmentation == "arena" and reuse is None:
         result, trace, layout, budget_bytes = _fit_arena(
-            graph, result, trace, layout, budget_bytes, options, solver_options
+            graph, result, budget_bytes, options, solver_options
         )
+    else:
+        layout = lay_out(trace.allocations, options.layout, alignment=ALLOCATOR_ALIGNMENT)
     assert result.schedule is not None
     # The judges: the simulator for the live peak, the invariant checker for the layout.
     simulate(graph, result.schedule, bandwidth=bandwidth, budget=budget_bytes)
@@ -400,50 +399,40 @@ def _within_budget(
     return dataclasses.replace(least, status="best-effort"), least_trace, least_trace.peak
 
 
-def _layout(trace: MemoryTrace, options: PlanOptions) -> Layout:
-    """The trace's allocations laid out as the device allocator would align them."""
-    return lay_out(trace.allocations, options.layout, alignment=ALLOCATOR_ALIGNMENT)
-
-
 def _fit_arena(
     graph: Graph,
     result: SolveResult,
-    trace: MemoryTrace,
-    layout: Layout,
     budget: int,
     options: PlanOptions,
     solver_options: SolverOptions,
 ) -> tuple[SolveResult, MemoryTrace, Layout, int]:
-    """Bound the arena, not only the live peak, by the budget: while the layout's arena is
-    above it, solve again with the live budget lowered by the excess (the fragmentation the
-    layout costs is taken out of the bytes the solver may keep live)."""
-    live_budget = budget
-    for _ in range(ARENA_ROUNDS):
-        if layout.arena <= budget:
-            return result, trace, layout, budget
-        live_budget -= layout.arena - budget
-        if live_budget <= 0:
-            break
-        again = get_solver(options.solver)(graph, live_budget, solver_options)
-        if again.schedule is None:
-            break
-        again_trace = simulate(graph, again.schedule, bandwidth=solver_options.bandwidth)
-        if again_trace.peak > live_budget:
-            break
-        again_layout = _layout(again_trace, options)
-        if again_layout.arena >= layout.arena and again_layout.arena > budget:
-            break  # lowering the live budget no longer lowers the arena
-        result, trace, layout = again, again_trace, again_layout
-    if layout.arena <= budget:
-        return result, trace, layout, budget
+    """Bound the arena of the layout, fragmentation included, by the budget (see
+    planner/fragmentation.py); with best_effort, the least arena found becomes the budget."""
+    solver = get_solver(options.solver)
+    fit = fit_arena(
+        graph,
+        budget,
+        result,
+        lambda live_budget: solver(graph, live_budget, solver_options),
+        solver_options,
+        method=options.layout,
+        alignment=ALLOCATOR_ALIGNMENT,
+    )
+    # The moves are recorded in the plan's options, for reports and benchmarks.
+    fitted = dataclasses.replace(
+        fit.result, options={**fit.result.options, "arena_moves": list(fit.moves)}
+    )
+    if fit.layout.arena <= budget:
+        return fitted, fit.trace, fit.layout, budget
     if not options.best_effort:
-        raise InfeasibleBudget(budget, layout.arena, result.solver, what="arena")
+        raise InfeasibleBudget(budget, fit.layout.arena, result.solver, what="arena")
     warnings.warn(
         f"{graph.name}: no layout found within {format_bytes(budget)}; planned for an "
-        f"arena of {format_bytes(layout.arena)} instead",
+        f"arena of {format_bytes(fit.layout.arena)} instead",
         stacklevel=3,
     )
-    return dataclasses.replace(result, status="best-effort"), trace, layout, layout.arena
+    best_effort = dataclasses.replace(fitted, status="best-effort")
+    return best_effort, fit.trace, fit.layout, fit.layout.arena
 
 
 def _reapply(graph: Graph, reuse: Plan, options: SolverOptions) -> SolveResult:

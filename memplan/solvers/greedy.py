@@ -89,7 +89,7 @@ def _descend(
 ) -> _Run:
     """Release the cheapest storage live at the peak until the peak is within `target`."""
     groups = saved_storages(graph)
-    window = _hiding_windows(graph) if options.bandwidth else {}
+    window = hiding_windows(graph) if options.bandwidth else {}
     decisions = dict(start)
     _, trace = simulate_decisions(graph, decisions, options.bandwidth)
     best = _Run(dict(decisions), trace, timed_out=False)
@@ -121,7 +121,7 @@ def _all_kept(members: list[int], decisions: dict[int, Decision]) -> bool:
     return all(decisions.get(v) is Decision.KEEP for v in members)
 
 
-def _hiding_windows(graph: Graph) -> dict[int, float]:
+def hiding_windows(graph: Graph) -> dict[int, float]:
     """Forward node -> compute time from it to the end of the forward plus the whole
     backward: an upper bound on the time its offload and prefetch can hide under."""
     backward_time = sum(graph[u].time for u in graph.backward_ids)
@@ -155,7 +155,7 @@ def _cheapest_release(
     for owner in owners:
         kept = [v for v in groups[owner] if decisions.get(v) is Decision.KEEP]
         size = max(graph[owner].bytes, 1)
-        for cost, changes in _release_options(graph, owner, kept, decision, window, options):
+        for cost, changes in release_options(graph, owner, kept, decision, window, options):
             score = order(cost, size)
             if best is None or score < best[0]:
                 best = (score, owner, changes)
@@ -174,7 +174,7 @@ def _largest_first(cost: float, size: int) -> tuple[float, float]:
     return (-size, cost)
 
 
-def _release_options(
+def release_options(
     graph: Graph,
     owner: int,
     kept: list[int],
