@@ -19,7 +19,7 @@ from memplan import cli as cli_module
 from memplan import solvers
 from memplan.cli import main
 from memplan.errors import PlanFileError
-from memplan.graph import load_node_link
+from memplan.graph import format_bytes, load_node_link
 from memplan.planner.plan import Plan
 from memplan.report import plot_timeline
 from memplan.zoo import ZOO
@@ -85,6 +85,15 @@ def _leftovers(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir())
 
 
+def _older_plan_file(plan_json: Path, path: Path) -> Path:
+    """plan_json as a file written before layouts: no arena, layout or placements keys."""
+    data = json.loads(plan_json.read_text())
+    for key in ("arena", "layout_method", "placements"):
+        del data[key]
+    path.write_text(json.dumps(data))
+    return path
+
+
 def test_plan_writes_a_plan_within_budget(pt2, tmp_path, capsys):
     out, png = tmp_path / "plan.json", tmp_path / "timeline.png"
     argv = ["plan", str(pt2), "--budget", "80%", "--no-measure", "-o", str(out), "--png", str(png)]
@@ -123,6 +132,74 @@ def test_show_prints_the_tables_and_writes_a_png(plan_json, tmp_path, capsys):
     assert largest in stdout
     assert f"{len(plan.decisions) - 2} more not shown" in stdout
     assert png.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_show_prints_the_arena_and_fragmentation_of_a_laid_out_plan(plan_json, tmp_path, capsys):
+    plan = Plan.load(plan_json)
+    assert plan.arena >= plan.predicted_peak > 0 and plan.placements
+    assert main(["show", str(plan_json)]) == 0
+    stdout = capsys.readouterr().out
+    assert f"{format_bytes(plan.arena)} ({plan.layout_method} layout)" in stdout
+    assert f"{plan.fragmentation:.2%} above the predicted peak" in stdout
+    older = _older_plan_file(plan_json, tmp_path / "older.json")
+    assert main(["show", str(older)]) == 0
+    stdout = capsys.readouterr().out
+    assert "predicted peak" in stdout
+    assert "arena" not in stdout and "fragmentation" not in stdout
+
+
+def test_show_writes_a_placement_png(plan_json, tmp_path, capsys):
+    timeline, placements = tmp_path / "timeline.png", tmp_path / "nested" / "placements.png"
+    argv = ["show", str(plan_json), "--png", str(timeline), "--placement-png", str(placements)]
+    assert main(argv) == 0
+    assert placements.read_bytes().startswith(PNG_MAGIC)
+    assert timeline.read_bytes().startswith(PNG_MAGIC)
+    assert placements.read_bytes() != timeline.read_bytes()
+    assert f"wrote{placements}" in "".join(capsys.readouterr().out.split())  # rich wraps
+    assert _leftovers(tmp_path) == ["nested", "timeline.png"]
+
+
+def test_placement_png_of_an_older_plan_fails_in_one_line(plan_json, tmp_path, capsys):
+    older = _older_plan_file(plan_json, tmp_path / "older.json")
+    timeline, placements = tmp_path / "timeline.png", tmp_path / "placements.png"
+    argv = ["show", str(older), "--png", str(timeline), "--placement-png", str(placements)]
+    message = _error(capsys, argv)
+    assert "predates memplan's layouts; plan again" in message
+    assert capsys.readouterr().out == ""  # failed before printing the tables
+    assert _leftovers(tmp_path) == ["older.json"]  # neither plot written
+
+
+def test_placement_png_must_be_a_new_file(plan_json, tmp_path, capsys):
+    png = tmp_path / "plot.png"
+    argv = ["show", str(plan_json), "--png", str(png), "--placement-png", str(png)]
+    assert "would overwrite" in _error(capsys, argv)
+    assert "would overwrite" in _error(
+        capsys, ["show", str(plan_json), "--placement-png", str(plan_json)]
+    )
+    assert "is a folder" in _error(
+        capsys, ["show", str(plan_json), "--placement-png", str(tmp_path)]
+    )
+    assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("budget", ["2e6", "2.1e6"])
+def test_arena_fragmentation_bounds_the_arena_by_the_budget(pt2, tmp_path, capsys, budget):
+    """With first-fit layouts, the plan that keeps its live bytes within the budget needs
+    a larger arena; bounding the arena recomputes more until the arena fits. At 2.1e6 B a
+    first lower live budget leaves the schedule as it was, and lowering goes on."""
+    live, arena = tmp_path / "live.json", tmp_path / "arena.json"
+    argv = ["plan", str(pt2), "--budget", budget, "--no-measure", "--layout", "start"]
+    assert main([*argv, "-o", str(live)]) == 0
+    assert "above the budget" in capsys.readouterr().out
+    loose = Plan.load(live)
+    assert loose.layout_method == "start" and loose.options["layout"] == "start"
+    assert loose.predicted_peak <= loose.budget < loose.arena  # live bound only
+    assert main([*argv, "--fragmentation", "arena", "-o", str(arena)]) == 0
+    assert "above the budget" not in capsys.readouterr().out
+    tight = Plan.load(arena)
+    assert tight.options["fragmentation"] == "arena" and tight.layout_method == "start"
+    assert tight.predicted_peak <= tight.arena <= tight.budget == int(float(budget))
+    assert tight.counts()["recompute"] > loose.counts()["recompute"]
 
 
 def test_plot_of_several_plans_without_times(plan_json, tmp_path):
@@ -259,6 +336,8 @@ def test_verbose_shows_the_traceback(tmp_path):
         ["plan", "m.pt2", "--budget", "1GiB"],  # no -o
         ["plan", "m.pt2", "--budget", "1GiB", "-o", "p.json", "--time-limit", "0"],
         ["show", "p.json", "--top", "-1"],
+        ["plan", "m.pt2", "--budget", "1GiB", "-o", "p.json", "--fragmentation", "peak"],
+        ["plan", "m.pt2", "--budget", "1GiB", "-o", "p.json", "--layout", "tetris"],
         ["frobnicate"],
     ],
 )

@@ -56,9 +56,9 @@ def fit_arena(
     alignment: int = 1,
     moves: tuple[str, ...] = MOVES,
 ) -> ArenaFit:
-    """Starting from `first`, make moves while the arena is above `budget` and a move
-    lowers it. `solve(live_budget)` runs the solver for the "tighten" move. The caller
-    checks the returned layout's arena against the budget."""
+    """Starting from `first`, make moves while the arena is above `budget`, at most ROUNDS;
+    a move is kept only if it lowers the arena. `solve(live_budget)` runs the solver for
+    the "tighten" move. The caller checks the returned layout's arena against the budget."""
     assert first.schedule is not None
 
     def laid_out(result: SolveResult, done: tuple[str, ...]) -> ArenaFit | None:
@@ -78,19 +78,23 @@ def fit_arena(
         candidates: list[ArenaFit | None] = []
         if "window" in moves and options.problem == "training":
             released = _window(graph, fit, options)
-            candidates.append(
-                None if released is None else laid_out(released, (*fit.moves, "window"))
-            )
+            if released is not None:
+                candidates.append(laid_out(released, (*fit.moves, "window")))
         if not _lower(fit, candidates) and "tighten" in moves:
-            live_budget -= fit.layout.arena - budget
-            if live_budget > 0:
-                tightened = solve(live_budget)
-                if tightened.schedule is not None:
-                    candidates.append(laid_out(tightened, (*fit.moves, "tighten")))
+            # From the live peak, not the last live budget: a budget above the peak
+            # changes nothing. A tightening that does not lower the arena is not kept,
+            # but the next round tightens further.
+            live_budget = min(live_budget, fit.trace.peak) - (fit.layout.arena - budget)
+            if live_budget <= 0:
+                break
+            tightened = solve(live_budget)
+            if tightened.schedule is not None:
+                candidates.append(laid_out(tightened, (*fit.moves, "tighten")))
         lower = _lower(fit, candidates)
-        if lower is None:
+        if lower is not None:
+            fit = lower
+        elif "tighten" not in moves:
             break
-        fit = lower
     return fit
 
 

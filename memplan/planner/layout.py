@@ -101,11 +101,14 @@ def lay_out(
 
 def check_layout(allocations: Sequence[Allocation], layout: Layout) -> None:
     """Raise LayoutError unless allocations live at a common step have disjoint addresses,
-    every offset is non-negative and every allocation ends within the arena."""
+    every offset is non-negative and every allocation live at some step ends within the
+    arena (one never live takes no memory)."""
     if len(layout.offsets) != len(allocations) or len(layout.sizes) != len(allocations):
         raise LayoutError(f"{len(layout.offsets)} offsets for {len(allocations)} allocations")
     for index, (offset, size) in enumerate(zip(layout.offsets, layout.sizes, strict=True)):
-        if offset < 0 or offset + size > layout.arena or size < allocations[index].bytes:
+        never_live = allocations[index].end <= allocations[index].start
+        outside = offset < 0 or (offset + size > layout.arena and not never_live)
+        if outside or size < allocations[index].bytes:
             raise LayoutError(
                 f"allocation {index} ({size} B at {offset}) is outside the arena of "
                 f"{layout.arena} B or smaller than its {allocations[index].bytes} B"
@@ -152,7 +155,7 @@ def _heuristic(allocations: Sequence[Allocation], method: str, alignment: int) -
         sharing = np.flatnonzero(placed & (starts < ends[i]) & (starts[i] < ends))
         offsets[i] = _gap(offsets[sharing], sizes[sharing], int(sizes[i]), best=method == "size")
         placed[i] = True
-    arena = int((offsets + sizes).max()) if len(allocations) else 0
+    arena = int((offsets + sizes)[placed].max()) if placed.any() else 0
     bound = live_peak(allocations, alignment)
     return Layout(
         method=method,

@@ -23,7 +23,7 @@ from memplan.errors import InfeasibleBudget, MemplanError, PlanFileError
 from memplan.files import write_atomically
 from memplan.graph import Budget, Decision, Graph, Schedule, SolveResult, format_bytes
 from memplan.passes.rewrite import rewrite
-from memplan.planner.fragmentation import fit_arena
+from memplan.planner.fragmentation import MOVES, fit_arena
 from memplan.planner.layout import ALLOCATOR_ALIGNMENT, METHODS, Layout, check_layout, lay_out
 from memplan.planner.lower import DEFAULT_OFFLOAD_THRESHOLD, Lowered, drop_checked_asserts, lower
 from memplan.planner.profile import ProfileCache, profile_graph
@@ -137,7 +137,11 @@ class Plan:
         if not (isinstance(data, dict) and _is_int(version) and version == PLAN_FORMAT):
             raise PlanFileError("not a memplan plan (missing or unknown 'format')")
         names = [f.name for f in dataclasses.fields(cls)]
-        required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
+        required = [
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
         missing = sorted(set(required) - data.keys())
         if missing:
             raise PlanFileError(f"plan is missing fields: {', '.join(missing)}")
@@ -339,9 +343,11 @@ def plan_graph(
     result, trace, budget_bytes = _within_budget(
         graph, result, budget_bytes, options, solver_options
     )
-    if options.fragmentation == "arena" and reuse is None:
+    if options.fragmentation == "arena":
+        # A reused plan's decisions are fixed: its arena is checked, not fitted.
+        moves = () if reuse is not None else MOVES
         result, trace, layout, budget_bytes = _fit_arena(
-            graph, result, budget_bytes, options, solver_options
+            graph, result, budget_bytes, options, solver_options, moves
         )
     else:
         layout = lay_out(trace.allocations, options.layout, alignment=ALLOCATOR_ALIGNMENT)
@@ -405,6 +411,7 @@ def _fit_arena(
     budget: int,
     options: PlanOptions,
     solver_options: SolverOptions,
+    moves: tuple[str, ...],
 ) -> tuple[SolveResult, MemoryTrace, Layout, int]:
     """Bound the arena of the layout, fragmentation included, by the budget (see
     planner/fragmentation.py); with best_effort, the least arena found becomes the budget."""
@@ -417,6 +424,7 @@ def _fit_arena(
         solver_options,
         method=options.layout,
         alignment=ALLOCATOR_ALIGNMENT,
+        moves=moves,
     )
     # The moves are recorded in the plan's options, for reports and benchmarks.
     fitted = dataclasses.replace(
