@@ -50,10 +50,17 @@ def summary_table(plan: Plan) -> Table:
     )
     if plan.arena > 0:  # plan files written before layouts have no arena
         over = ", [red]above the budget[/]" if plan.arena > plan.budget else ""
+        status = f", {escape(plan.layout_status)}" if plan.layout_status else ""
         table.add_row(
-            "arena", f"{format_bytes(plan.arena)} ({escape(plan.layout_method)} layout{over})"
+            "arena",
+            f"{format_bytes(plan.arena)} ({escape(plan.layout_method)} layout{status}{over})",
         )
-        table.add_row("fragmentation", f"{plan.fragmentation:.2%} above the predicted peak")
+        rounding = plan.arena_bound / plan.predicted_peak - 1 if plan.arena_bound else 0.0
+        table.add_row(
+            "fragmentation",
+            f"{plan.fragmentation:.2%} above the predicted peak "
+            f"({rounding:.2%} of it from 512-byte rounding)",
+        )
     table.add_row("unplanned time", format_seconds(plan.unplanned_time))
     table.add_row(
         "predicted time", f"{format_seconds(plan.predicted_time)} ({plan.overhead:+.1%} overhead)"

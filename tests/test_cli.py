@@ -85,10 +85,28 @@ def _leftovers(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir())
 
 
+def _table_rows(stdout: str) -> dict[str, str]:
+    """The two-column rows of the tables printed, label to value, a value that rich wrapped
+    onto more lines joined back with spaces."""
+    found: dict[str, str] = {}
+    label = None
+    for line in stdout.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("│").split("│")]
+        if not line.startswith("│") or len(cells) != 2:
+            label = None
+            continue
+        if cells[0]:
+            label = cells[0]
+            found[label] = cells[1]
+        elif label is not None:
+            found[label] += f" {cells[1]}"
+    return found
+
+
 def _older_plan_file(plan_json: Path, path: Path) -> Path:
     """plan_json as a file written before layouts: no arena, layout or placements keys."""
     data = json.loads(plan_json.read_text())
-    for key in ("arena", "layout_method", "placements"):
+    for key in ("arena", "arena_bound", "layout_method", "layout_status", "placements"):
         del data[key]
     path.write_text(json.dumps(data))
     return path
@@ -136,11 +154,18 @@ def test_show_prints_the_tables_and_writes_a_png(plan_json, tmp_path, capsys):
 
 def test_show_prints_the_arena_and_fragmentation_of_a_laid_out_plan(plan_json, tmp_path, capsys):
     plan = Plan.load(plan_json)
-    assert plan.arena >= plan.predicted_peak > 0 and plan.placements
+    assert plan.arena >= plan.arena_bound >= plan.predicted_peak > 0 and plan.placements
+    assert plan.layout_status in {"optimal", "feasible", "heuristic"}
     assert main(["show", str(plan_json)]) == 0
     stdout = capsys.readouterr().out
-    assert f"{format_bytes(plan.arena)} ({plan.layout_method} layout)" in stdout
-    assert f"{plan.fragmentation:.2%} above the predicted peak" in stdout
+    shown = _table_rows(stdout)
+    layout = f"{plan.layout_method} layout, {plan.layout_status}"
+    assert shown["arena"] == f"{format_bytes(plan.arena)} ({layout})"
+    rounding = plan.arena_bound / plan.predicted_peak - 1
+    assert shown["fragmentation"] == (
+        f"{plan.fragmentation:.2%} above the predicted peak "
+        f"({rounding:.2%} of it from 512-byte rounding)"
+    )
     older = _older_plan_file(plan_json, tmp_path / "older.json")
     assert main(["show", str(older)]) == 0
     stdout = capsys.readouterr().out

@@ -6,6 +6,7 @@ without placements, and plan_graph bounding the arena. No torch, except plan_gra
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import pytest
@@ -359,31 +360,55 @@ def test_plan_options_refuse_unknown_modes(kwargs, message):
 # --- plan files ----------------------------------------------------------------------------
 
 
+LAYOUT_KEYS = ("arena", "arena_bound", "layout_method", "layout_status")
+
+
 def test_a_plan_written_before_layouts_loads_without_an_arena():
     data = plan_data()
-    del data["arena"], data["layout_method"]
+    for key in LAYOUT_KEYS:
+        del data[key]
     plan = Plan.from_json(data)
     assert plan == hand_made_plan()
-    assert (plan.arena, plan.layout_method) == (0, "")
+    assert (plan.arena, plan.arena_bound, plan.layout_method, plan.layout_status) == (0, 0, "", "")
     assert plan.fragmentation == 0.0
 
 
 def test_a_plan_written_before_layouts_loads_without_placements():
     data = plan_data()
-    del data["arena"], data["layout_method"], data["placements"]
+    for key in (*LAYOUT_KEYS, "placements"):
+        del data[key]
     plan = Plan.from_json(data)  # PlanFileError: plan is missing fields: placements
     assert plan == hand_made_plan()
     assert plan.placements == []
+
+
+def test_a_plan_written_before_the_layout_bound_and_status_loads_without_them():
+    data = {
+        **plan_data(),
+        "arena": 1536,
+        "layout_method": "size",
+        "placements": [[-1, 5, 100, 0], [0, 3, 600, 512], [3, 5, 200, 512]],
+    }
+    del data["arena_bound"], data["layout_status"]
+    plan = Plan.from_json(data)
+    assert (plan.arena, plan.layout_method) == (1536, "size")
+    assert (plan.arena_bound, plan.layout_status) == (0, "")
 
 
 def test_placements_round_trip():
     plan = dataclasses.replace(
         hand_made_plan(),
         arena=1536,
+        arena_bound=1536,  # 512 + 1024: at most two allocations live at once
         layout_method="size",
+        layout_status="optimal",
         placements=[[-1, 5, 100, 0], [0, 3, 600, 512], [3, 5, 200, 512]],
     )
-    assert Plan.from_json(plan.to_json()) == plan
+    data = plan.to_json()
+    assert (data["arena_bound"], data["layout_status"]) == (1536, "optimal")
+    loaded = Plan.from_json(json.loads(json.dumps(data)))
+    assert loaded == plan
+    assert (loaded.arena_bound, loaded.layout_status) == (1536, "optimal")
     assert plan.fragmentation == pytest.approx(1536 / 950 - 1)
 
 
@@ -411,8 +436,22 @@ def test_a_malformed_placement_is_named(placements):
         Plan.from_json(data)
 
 
-@pytest.mark.parametrize(("field", "value"), [("arena", -1), ("arena", 1.5), ("layout_method", 3)])
-def test_a_bad_arena_or_layout_method_is_named(field, value):
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("arena", -1),
+        ("arena", 1.5),
+        ("arena_bound", -1),
+        ("arena_bound", 1.5),
+        ("arena_bound", True),
+        ("arena_bound", "1536"),
+        ("layout_method", 3),
+        ("layout_status", 3),
+        ("layout_status", None),
+        ("layout_status", ["optimal"]),
+    ],
+)
+def test_a_bad_arena_or_layout_field_is_named(field, value):
     with pytest.raises(PlanFileError, match=f"'{field}'"):
         Plan.from_json({**plan_data(), field: value})
 
@@ -444,6 +483,12 @@ def assert_placements_describe_the_plan(plan: Plan, graph, schedule: Schedule) -
     for step, live in enumerate(plan.timeline):
         assert sum(a.bytes for a in allocations if a.start <= step < a.end) == live
     assert plan.arena >= found.live_peak >= plan.predicted_peak
+    # the plan's own bound is the live peak of its allocations rounded up to 512 B
+    assert plan.arena_bound == found.live_peak <= plan.arena
+    assert plan.arena_bound == lay_out(allocations, "size", alignment=512).live_peak
+    assert plan.layout_status in {"optimal", "feasible", "heuristic"}
+    if plan.layout_method != "exact":  # a heuristic layout is optimal only at the bound
+        assert (plan.layout_status == "optimal") == (plan.arena == plan.arena_bound)
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -21,7 +21,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def laid_out_plan() -> Plan:
     """Five steps, backward from step 3: a resident parameter, a forward activation and a
     backward gradient placed 12 B above where it could go, so the arena is 3012 B against
-    a live peak of 3000 B; one allocation of no bytes, which takes no room."""
+    a live peak of 3000 B; one allocation of no bytes, which takes no room. The least arena
+    (arena_bound) is set by hand to 3006 B, as if rounding had added 6 B to the peak."""
     return Plan(
         name="tiny",
         solver="greedy",
@@ -42,14 +43,23 @@ def laid_out_plan() -> Plan:
         unplanned_clock=[1.0, 2.0, 3.0, 4.0, 4.0],
         backward_start=3,
         arena=3012,
+        arena_bound=3006,
         layout_method="size",
+        layout_status="heuristic",
         placements=[[-1, 5, 1000, 0], [0, 3, 2000, 1000], [3, 5, 1500, 1512], [1, 2, 0, 0]],
     )
 
 
 def older_plan() -> Plan:
     """The same plan as a file written before layouts holds it: no arena, no placements."""
-    return dataclasses.replace(laid_out_plan(), arena=0, layout_method="", placements=[])
+    return dataclasses.replace(
+        laid_out_plan(),
+        arena=0,
+        arena_bound=0,
+        layout_method="",
+        layout_status="",
+        placements=[],
+    )
 
 
 def rows(plan: Plan) -> dict[str, str]:
@@ -66,13 +76,39 @@ def rows(plan: Plan) -> dict[str, str]:
 
 def test_summary_shows_the_arena_its_layout_and_the_fragmentation():
     shown = rows(laid_out_plan())
-    assert shown["arena"] == "2.94 KiB (size layout)"
-    assert shown["fragmentation"] == "0.40% above the predicted peak"  # 3012 / 3000 - 1
+    assert shown["arena"] == "2.94 KiB (size layout, heuristic)"
+    # 3012 / 3000 - 1, of which 3006 / 3000 - 1 is the rounding no layout avoids
+    assert shown["fragmentation"] == (
+        "0.40% above the predicted peak (0.20% of it from 512-byte rounding)"
+    )
     assert list(shown).index("arena") == list(shown).index("predicted peak") + 1
+    assert list(shown).index("fragmentation") == list(shown).index("arena") + 1
+
+
+def test_summary_shows_an_optimal_layout_at_its_bound():
+    plan = dataclasses.replace(laid_out_plan(), arena_bound=3012, layout_status="optimal")
+    shown = rows(plan)
+    assert shown["arena"] == "2.94 KiB (size layout, optimal)"
+    # all of the fragmentation is rounding
+    assert shown["fragmentation"] == (
+        "0.40% above the predicted peak (0.40% of it from 512-byte rounding)"
+    )
+
+
+def test_summary_of_a_plan_without_a_layout_status_or_bound():
+    # a plan file written before the status and the bound were recorded
+    plan = dataclasses.replace(laid_out_plan(), arena_bound=0, layout_status="")
+    shown = rows(plan)
+    assert shown["arena"] == "2.94 KiB (size layout)"
+    assert shown["fragmentation"] == (
+        "0.40% above the predicted peak (0.00% of it from 512-byte rounding)"
+    )
 
 
 def test_summary_says_when_the_arena_is_above_the_budget():
     shown = rows(dataclasses.replace(laid_out_plan(), budget=3005))
+    assert shown["arena"] == "2.94 KiB (size layout, heuristic, above the budget)"
+    shown = rows(dataclasses.replace(laid_out_plan(), budget=3005, layout_status=""))
     assert shown["arena"] == "2.94 KiB (size layout, above the budget)"
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from memplan.errors import InvalidSchedule
 from memplan.graph import Decision, Graph, SolveResult
-from memplan.planner.layout import Layout, lay_out
+from memplan.planner.layout import EXACT_TIME_LIMIT, Layout, lay_out
 from memplan.planner.simulate import MemoryTrace, simulate
 from memplan.solvers import SolverOptions
 from memplan.solvers.greedy import hiding_windows, release_options
@@ -54,6 +54,7 @@ def fit_arena(
     *,
     method: str = "best",
     alignment: int = 1,
+    layout_seconds: float = EXACT_TIME_LIMIT,
     moves: tuple[str, ...] = MOVES,
 ) -> ArenaFit:
     """Starting from `first`, make moves while the arena is above `budget`, at most ROUNDS;
@@ -66,7 +67,10 @@ def fit_arena(
             return None
         trace = simulate(graph, result.schedule, bandwidth=options.bandwidth)
         return ArenaFit(
-            result, trace, lay_out(trace.allocations, method, alignment=alignment), done
+            result,
+            trace,
+            lay_out(trace.allocations, method, alignment=alignment, time_limit=layout_seconds),
+            done,
         )
 
     fit = laid_out(first, ())

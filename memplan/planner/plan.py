@@ -24,7 +24,14 @@ from memplan.files import write_atomically
 from memplan.graph import Budget, Decision, Graph, Schedule, SolveResult, format_bytes
 from memplan.passes.rewrite import rewrite
 from memplan.planner.fragmentation import MOVES, fit_arena
-from memplan.planner.layout import ALLOCATOR_ALIGNMENT, METHODS, Layout, check_layout, lay_out
+from memplan.planner.layout import (
+    ALLOCATOR_ALIGNMENT,
+    EXACT_TIME_LIMIT,
+    METHODS,
+    Layout,
+    check_layout,
+    lay_out,
+)
 from memplan.planner.lower import DEFAULT_OFFLOAD_THRESHOLD, Lowered, drop_checked_asserts, lower
 from memplan.planner.profile import ProfileCache, profile_graph
 from memplan.planner.simulate import MemoryTrace, simulate
@@ -101,7 +108,9 @@ class Plan:
     # The layout of the plan's allocations in one arena (planner/layout.py); absent (0,
     # "", []) in plans written before layouts were planned.
     arena: int = 0
+    arena_bound: int = 0  # the least arena any layout can have: the rounded live peak
     layout_method: str = ""
+    layout_status: str = ""  # optimal | feasible | heuristic (layout.Layout.status)
     placements: list[list[int]] = field(default_factory=list)  # [start, end, bytes, offset]
 
     @property
@@ -312,7 +321,9 @@ _PLAN_FIELDS: dict[str, Callable[[object], Any]] = {
     "backward_start": _count,
     "options": _options,
     "arena": _count,
+    "arena_bound": _count,
     "layout_method": _text,
+    "layout_status": _text,
     "placements": _list_of(_placement, "[start, end, bytes, offset] lists"),
 }
 
@@ -350,7 +361,12 @@ def plan_graph(
             graph, result, budget_bytes, options, solver_options, moves
         )
     else:
-        layout = lay_out(trace.allocations, options.layout, alignment=ALLOCATOR_ALIGNMENT)
+        layout = lay_out(
+            trace.allocations,
+            options.layout,
+            alignment=ALLOCATOR_ALIGNMENT,
+            time_limit=_layout_seconds(options),
+        )
     assert result.schedule is not None
     # The judges: the simulator for the live peak, the invariant checker for the layout.
     simulate(graph, result.schedule, bandwidth=bandwidth, budget=budget_bytes)
@@ -359,7 +375,9 @@ def plan_graph(
     plan = dataclasses.replace(
         plan,
         arena=layout.arena,
+        arena_bound=layout.live_peak,
         layout_method=layout.method,
+        layout_status=layout.status,
         placements=[
             [a.start, a.end, a.bytes, offset]
             for a, offset in zip(trace.allocations, layout.offsets, strict=True)
@@ -405,6 +423,11 @@ def _within_budget(
     return dataclasses.replace(least, status="best-effort"), least_trace, least_trace.peak
 
 
+def _layout_seconds(options: PlanOptions) -> float:
+    """CP-SAT's limit per layout: the layout's own, within the plan's time limit."""
+    return min(EXACT_TIME_LIMIT, options.time_limit)
+
+
 def _fit_arena(
     graph: Graph,
     result: SolveResult,
@@ -424,6 +447,7 @@ def _fit_arena(
         solver_options,
         method=options.layout,
         alignment=ALLOCATOR_ALIGNMENT,
+        layout_seconds=_layout_seconds(options),
         moves=moves,
     )
     # The moves are recorded in the plan's options, for reports and benchmarks.
