@@ -23,6 +23,7 @@ class InfeasibleBudget(MemplanError):
         self.budget = budget
         self.smallest_feasible = smallest_feasible
         self.solver = solver
+        self.what = what
         super().__init__(
             f"budget {format_bytes(budget)} ({budget} B) is below the smallest feasible {what} "
             f"{format_bytes(smallest_feasible)} ({smallest_feasible} B) found by {solver!r}"

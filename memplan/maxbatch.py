@@ -5,8 +5,8 @@ The cap is enforced for real: on a GPU by torch.cuda.set_per_process_memory_frac
 CPU by the live-storage tracker, which raises torch.OutOfMemoryError the moment live
 memory passes the cap. A batch fits a method when one training step runs under the cap
 and its time per sample is at most (1 + overhead limit) times eager's time per sample at
-eager's largest batch (eager itself has no overhead limit). The search doubles the batch
-until it stops fitting, then bisects.
+eager's largest batch (eager itself has no overhead limit). The search finds the largest
+batch that runs under the cap, then the largest within the overhead limit below it.
 """
 
 from __future__ import annotations
@@ -141,36 +141,54 @@ def _search(
     limit: int,
     on_probe: Callable[[str, Probe], None] | None,
 ) -> MaxBatch:
-    """Double from `start` while the batch fits, then bisect between the last fit and the
-    first miss. Memory grows with the batch, so a miss is taken to stay a miss."""
-    probes: list[Probe] = []
+    """The largest batch that runs under the cap and within the overhead limit.
+
+    Two searches, because the two limits move differently with the batch. Memory grows
+    with it, so whether a step runs under the cap at all is searched by doubling from
+    `start` and bisecting. Time per sample falls as the batch grows, until the cap forces
+    recomputation, so a batch too slow at `start` may be fast enough higher up: the
+    largest fast-enough batch is then bisected between the largest fast one found and the
+    largest that runs.
+    """
+    probes: dict[int, Probe] = {}
 
     def probe(batch: int) -> Probe:
-        found = attempt(batch)
-        probes.append(found)
-        if on_probe is not None:
-            on_probe(method, found)
-        return found
+        if batch not in probes:
+            probes[batch] = attempt(batch)
+            if on_probe is not None:
+                on_probe(method, probes[batch])
+        return probes[batch]
 
-    best: Probe | None = None
-    batch = start
-    while batch <= limit:
+    def runs(batch: int) -> bool:  # under the cap, whatever its time
         found = probe(batch)
-        if not found.fits:
-            break
-        best, batch = found, batch * 2
-    low = best.batch if best is not None else 0
+        return found.fits or found.step_seconds is not None
+
+    top = _largest(runs, start, limit, 0)
+    if top and not probe(top).fits:
+        fast = [b for b, found in probes.items() if found.fits and b < top]
+        top = _largest(lambda b: probe(b).fits, top, top, max(fast, default=0))
+    best = probes.get(top)
+    every = [probes[b] for b in probes]  # in the order they were tried
+    if best is None or not best.fits:
+        return MaxBatch(method, cap_bytes, 0, None, "", every)
+    return MaxBatch(method, cap_bytes, best.batch, best.step_seconds, best.setting, every)
+
+
+def _largest(holds: Callable[[int], bool], start: int, limit: int, low: int) -> int:
+    """The largest batch up to `limit` for which `holds`, taken to hold up to some batch
+    and not above it: double from `start` while it holds, then bisect above `low` (a
+    batch known to hold, 0 for none) and below the first that does not."""
+    batch = start
+    while batch <= limit and holds(batch):
+        low, batch = batch, batch * 2
     high = min(batch, limit + 1)
     while high - low > 1:
         middle = (low + high) // 2
-        found = probe(middle)
-        if found.fits:
-            best, low = found, middle
+        if holds(middle):
+            low = middle
         else:
             high = middle
-    if best is None:
-        return MaxBatch(method, cap_bytes, 0, None, "", probes)
-    return MaxBatch(method, cap_bytes, best.batch, best.step_seconds, best.setting, probes)
+    return low
 
 
 class _Trial:
@@ -195,17 +213,16 @@ class _Trial:
         from memplan.compare import PYTORCH_BUDGETS, pytorch_partitioned
 
         model, inputs = self.build(batch)
-        fitting = []
-        reason = ""
+        tried = []
         for budget in PYTORCH_BUDGETS:
             module = pytorch_partitioned(model, inputs, budget)
-            found = self._run(batch, model, module, inputs, f"activation budget {budget:.1f}")
-            if found.fits:
-                fitting.append(found)
-            reason = reason or found.reason
-        if not fitting:
-            return Probe(batch, False, reason=reason)
-        return min(fitting, key=lambda p: p.step_seconds or 0.0)
+            tried.append(self._run(batch, model, module, inputs, f"activation budget {budget:.1f}"))
+        # The fastest that fits; else the fastest that ran under the cap (too slow); else
+        # the first refusal.
+        ran = [p for p in tried if p.step_seconds is not None]
+        if not ran:
+            return Probe(batch, False, reason=tried[0].reason)
+        return min(ran, key=lambda p: (not p.fits, p.step_seconds))
 
     def memplan(self, batch: int) -> Probe:
         from memplan import api

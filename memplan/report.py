@@ -55,11 +55,12 @@ def summary_table(plan: Plan) -> Table:
             "arena",
             f"{format_bytes(plan.arena)} ({escape(plan.layout_method)} layout{status}{over})",
         )
-        rounding = plan.arena_bound / plan.predicted_peak - 1 if plan.arena_bound else 0.0
+        rounding = ""
+        if plan.arena_bound:  # plans written before the bound was recorded have none
+            share = plan.arena_bound / plan.predicted_peak - 1 if plan.predicted_peak else 0.0
+            rounding = f" (512-byte rounding alone: {share:.2%})"
         table.add_row(
-            "fragmentation",
-            f"{plan.fragmentation:.2%} above the predicted peak "
-            f"({rounding:.2%} of it from 512-byte rounding)",
+            "fragmentation", f"{plan.fragmentation:.2%} above the predicted peak{rounding}"
         )
     table.add_row("unplanned time", format_seconds(plan.unplanned_time))
     table.add_row(

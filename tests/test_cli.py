@@ -164,7 +164,7 @@ def test_show_prints_the_arena_and_fragmentation_of_a_laid_out_plan(plan_json, t
     rounding = plan.arena_bound / plan.predicted_peak - 1
     assert shown["fragmentation"] == (
         f"{plan.fragmentation:.2%} above the predicted peak "
-        f"({rounding:.2%} of it from 512-byte rounding)"
+        f"(512-byte rounding alone: {rounding:.2%})"
     )
     older = _older_plan_file(plan_json, tmp_path / "older.json")
     assert main(["show", str(older)]) == 0

@@ -4,6 +4,7 @@ enforced, the search lands on the boundary, and memplan trains a larger batch th
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -138,3 +139,47 @@ def test_cli_bad_input_is_one_line(tmp_path, capsys, argv, message):
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def fake_attempt(
+    runs_up_to: int, fast_from: int, fast_up_to: int
+) -> Callable[[int], maxbatch.Probe]:
+    """A method that runs under the cap up to `runs_up_to` and is fast enough between
+    `fast_from` and `fast_up_to`: small batches waste the device, large ones recompute."""
+
+    def attempt(batch: int) -> maxbatch.Probe:
+        if batch > runs_up_to:
+            return maxbatch.Probe(batch, False, reason="out of memory")
+        fast = fast_from <= batch <= fast_up_to
+        return maxbatch.Probe(batch, fast, "fake", 0.01 * batch, "" if fast else "too slow")
+
+    return attempt
+
+
+@pytest.mark.parametrize(
+    ("runs_up_to", "fast_from", "fast_up_to", "expected"),
+    [
+        (40, 12, 30, 30),  # too slow at the start, fast higher up, too slow near the cap
+        (40, 1, 40, 40),  # fast wherever it runs: the memory boundary
+        (40, 1, 5, 5),  # fast only below the start
+        (40, 50, 60, 0),  # never fast enough under the cap
+        (3, 1, 3, 3),  # does not run at the start
+    ],
+)
+def test_search_finds_the_largest_batch_under_both_limits(
+    runs_up_to, fast_from, fast_up_to, expected
+):
+    tried: list[int] = []
+    found = maxbatch._search(
+        "fake",
+        fake_attempt(runs_up_to, fast_from, fast_up_to),
+        CAP,
+        start=8,
+        limit=1 << 10,
+        on_probe=lambda method, probe: tried.append(probe.batch),
+    )
+    assert found.batch == expected
+    assert len(tried) == len(set(tried)), "a batch size was run twice"
+    assert [p.batch for p in found.probes] == tried
+    if expected:
+        assert found.step_seconds == pytest.approx(0.01 * expected)

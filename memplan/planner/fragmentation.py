@@ -66,6 +66,8 @@ def fit_arena(
         if result.schedule is None:
             return None
         trace = simulate(graph, result.schedule, bandwidth=options.bandwidth)
+        if done:  # a schedule the solver did not return as it stands: judged here
+            result = dataclasses.replace(result, status="feasible", objective=trace.time)
         return ArenaFit(
             result,
             trace,
@@ -136,7 +138,9 @@ def _window(graph: Graph, fit: ArenaFit, options: SolverOptions) -> SolveResult 
                 break
             cost += release[0]
             changes.update(release[1])
-            ceiling = layout.offsets[live[last + 1]] if last + 1 < len(live) else layout.arena
+            # Under the top allocation, not the arena: its own bytes are not freed.
+            above = live[last + 1] if last + 1 < len(live) else top
+            ceiling = layout.offsets[above]
             if ceiling - floor >= need:
                 if best is None or cost < best[0]:
                     best = (cost, dict(changes))

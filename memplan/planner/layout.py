@@ -91,6 +91,9 @@ def lay_out(
         raise MemplanError(f"layout method must be one of {', '.join(METHODS)}, got {method!r}")
     if not (isinstance(alignment, int) and alignment >= 1):
         raise MemplanError(f"alignment must be a positive integer, got {alignment!r}")
+    for a in allocations:
+        if a.end < a.start or a.start < -1 or a.bytes < 0:
+            raise MemplanError(f"not an allocation's lifetime and size: {a}")
     if method in HEURISTICS:
         return _heuristic(allocations, method, alignment)
     best = min((_heuristic(allocations, h, alignment) for h in HEURISTICS), key=_arena)
@@ -146,7 +149,7 @@ def _heuristic(allocations: Sequence[Allocation], method: str, alignment: int) -
     if method == "size":
         order = sorted(range(len(allocations)), key=lambda i: (-sizes[i], starts[i], i))
     else:
-        order = sorted(range(len(allocations)), key=lambda i: (starts[i], -sizes[i], i))
+        order = sorted(range(len(allocations)), key=lambda i: (starts[i], i))
     offsets = np.zeros(len(allocations), dtype=np.int64)
     placed = np.zeros(len(allocations), dtype=bool)
     for i in order:
@@ -212,8 +215,10 @@ def _exact(
     model.add_hint(height, start.arena // quantum)
     model.minimize(height)
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit
-    solver.parameters.num_workers = 1  # one worker: the same layout for the same input
+    # One worker and a deterministic time limit: the same layout for the same input, however
+    # loaded the machine (a wall-clock limit would stop the search at different points).
+    solver.parameters.max_deterministic_time = time_limit
+    solver.parameters.num_workers = 1
     outcome = solver.solve(model)
     if outcome not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return start

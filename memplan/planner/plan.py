@@ -355,8 +355,10 @@ def plan_graph(
         graph, result, budget_bytes, options, solver_options
     )
     if options.fragmentation == "arena":
-        # A reused plan's decisions are fixed: its arena is checked, not fitted.
-        moves = () if reuse is not None else MOVES
+        # A reused plan's decisions are fixed, and a best-effort plan is already at the
+        # least live peak found: their arenas are checked, not fitted.
+        fixed = reuse is not None or result.status == "best-effort"
+        moves = () if fixed else MOVES
         result, trace, layout, budget_bytes = _fit_arena(
             graph, result, budget_bytes, options, solver_options, moves
         )

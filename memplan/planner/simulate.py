@@ -9,7 +9,9 @@ bandwidth. No torch here: solvers call it too.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from memplan.errors import InvalidSchedule
 from memplan.graph import Compute, Free, Graph, NodeKind, Offload, Prefetch, Schedule, Wait
@@ -47,7 +49,14 @@ class MemoryTrace:
     clock: tuple[float, ...]
     live_at_peak: frozenset[int]  # nodes with a device copy at the peak step
     baseline: int  # bytes resident before the first step
-    allocations: tuple[Allocation, ...]  # every storage instance, in allocation order
+    # Builds `allocations`; kept as a function so that solvers, which simulate often and
+    # never read them, do not pay for building them.
+    recorded: Callable[[], tuple[Allocation, ...]] = field(default=tuple, repr=False, compare=False)
+
+    @functools.cached_property
+    def allocations(self) -> tuple[Allocation, ...]:
+        """Every storage instance, in allocation order."""
+        return self.recorded()
 
 
 class _State:
@@ -218,7 +227,7 @@ def simulate(
         clock=tuple(clock),
         live_at_peak=live_at_peak,
         baseline=baseline,
-        allocations=state.allocations(len(schedule.steps)),
+        recorded=functools.partial(state.allocations, len(schedule.steps)),
     )
 
 
