@@ -61,11 +61,18 @@ def markdown(found: dict[str, list[MaxBatch]], where: dict[str, Any], overhead: 
         "The cap is enforced: on CPU the live-storage tracker raises an out-of-memory error "
         "the moment live memory passes it. Each model's cap is the eager peak at batch "
         f"{REFERENCE_BATCH}, at the sizes of the head-to-head benchmark. PyTorch's partitioner "
-        "is tried at every activation memory budget and its fastest fitting one kept. "
+        "is tried at every activation memory budget and its fastest fitting one kept. The "
+        "search finds the largest batch that runs under the cap, then the largest within "
+        "the overhead limit below it (time per sample falls with the batch until the cap "
+        "forces recomputation, so a batch too slow at eager's size may fit higher up). "
         f"Target: memplan at least {TARGET}x eager's largest batch.",
         "",
-        "| model | cap | method | largest batch | vs eager | step time | setting |",
-        "|---|---|---|---|---|---|---|",
+        "`under the cap alone`: the largest batch seen to run under the cap at any speed "
+        "(the search's probes; a lower bound where the search stopped early).",
+        "",
+        "| model | cap | method | largest batch | vs eager | step time | setting "
+        "| under the cap alone |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     verdicts = []
     for name, results in found.items():
@@ -73,9 +80,10 @@ def markdown(found: dict[str, list[MaxBatch]], where: dict[str, Any], overhead: 
         for r in results:
             ratio = f"{r.batch / eager:.2f}x" if eager else "-"
             seconds = "-" if r.step_seconds is None else f"{r.step_seconds * 1e3:.0f} ms"
+            ran = max((p.batch for p in r.probes if p.step_seconds is not None), default=0)
             lines.append(
                 f"| {name} | {format_bytes(r.cap_bytes)} | {r.method} | {r.batch} | {ratio} | "
-                f"{seconds} | {r.setting or '-'} |"
+                f"{seconds} | {r.setting or '-'} | {ran} |"
             )
         planned = next((r.batch for r in results if r.method == "memplan"), None)
         if planned is not None and eager:
@@ -92,8 +100,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--overhead", type=float, default=DEFAULT_OVERHEAD)
     parser.add_argument("--solver", default="greedy", help="memplan's solver")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rewrite docs/maxbatch.md from this machine's JSON without measuring",
+    )
     args = parser.parse_args(argv)
     console = Console()
+    if args.report_only:
+        out = RESULTS / f"maxbatch-{machine()['device']}.json"
+        saved = json.loads(out.read_text())
+        found = {name: [MaxBatch.from_json(r) for r in rs] for name, rs in saved["results"].items()}
+        overhead = saved.get("overhead", args.overhead)
+        (DOCS / "maxbatch.md").write_text(markdown(found, saved["machine"], overhead))
+        console.print(f"wrote {DOCS / 'maxbatch.md'} from {out}")
+        return
     warnings.filterwarnings("ignore", category=UserWarning)
     found: dict[str, list[MaxBatch]] = {}
     for name in args.models:
@@ -115,7 +136,8 @@ def main(argv: list[str] | None = None) -> None:
     where = machine()
     out = RESULTS / f"maxbatch-{where['device']}.json"
     results = {name: [r.to_json() for r in rs] for name, rs in found.items()}
-    out.write_text(json.dumps({"machine": where, "results": results}, indent=1))
+    saved = {"machine": where, "overhead": args.overhead, "results": results}
+    out.write_text(json.dumps(saved, indent=1))
     (DOCS / "maxbatch.md").write_text(markdown(found, where, args.overhead))
     console.print(f"wrote {out} and {DOCS / 'maxbatch.md'}")
 

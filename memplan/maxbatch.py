@@ -94,6 +94,12 @@ class MaxBatch:
             "probes": [p.__dict__ for p in self.probes],
         }
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> MaxBatch:
+        """The search result that to_json wrote."""
+        probes = [Probe(**p) for p in data["probes"]]
+        return cls(**{**data, "probes": probes})
+
 
 def max_batch(
     build: Builder,
