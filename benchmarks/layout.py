@@ -546,6 +546,13 @@ def _graph_cells(row: Row | None, aware: bool) -> list[str]:
     return [*cells, _percent(row.overhead), _yes(row)]
 
 
+def _table_head(first: list[str], header: list[str], aware: list[str]) -> list[str]:
+    """A markdown table's two head lines: `first` columns, then live mode's `header`
+    columns, then arena mode's `aware` columns, marked "aware:"."""
+    columns = [*first, *header, *(f"aware: {h}" for h in aware)]
+    return ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
+
+
 def _paired(rows: Sequence[Row], kind: str) -> list[tuple[Row, Row | None, Row | None]]:
     """(any row, live-mode row, arena-mode row) per case, share and method, in run order."""
     keys = list(dict.fromkeys((r.case, r.share, r.method) for r in rows if r.kind == kind))
@@ -656,12 +663,7 @@ def markdown(data: dict[str, Any]) -> str:
         f"{ALLOCATOR_ALIGNMENT} bytes over the live peak, the part of the fragmentation no "
         "layout avoids. `time`: predicted step time over the unplanned step.",
         "",
-        "| model | budget | layout | "
-        + " | ".join(header)
-        + " | "
-        + " | ".join(f"aware: {h}" for h in aware)
-        + " |",
-        "|---" * (3 + len(header) + len(aware)) + "|",
+        *_table_head(["model", "budget", "layout"], header, aware),
     ]
     for first, live, arena in _paired(rows, "model"):
         budget = f"{first.share} ({format_bytes(first.budget)})"
@@ -681,12 +683,7 @@ def markdown(data: dict[str, Any]) -> str:
         "",
         *graph_summary(rows),
         "",
-        "| graph | nodes | budget | director | layout | "
-        + " | ".join(header)
-        + " | "
-        + " | ".join(f"aware: {h}" for h in aware)
-        + " |",
-        "|---" * (5 + len(header) + len(aware)) + "|",
+        *_table_head(["graph", "nodes", "budget", "director", "layout"], header, aware),
     ]
     for first, live, arena in _paired(rows, "graph"):
         director = f"{first.solver_status}, {first.solve_seconds:.2f} s"

@@ -257,28 +257,20 @@ def placement_figure(plan: Plan) -> Figure:
         if (phase == index).any()
     ]
 
-    arena_line = axes.axhline(
-        plan.arena / MIB,
-        color="black",
-        linestyle="--",
-        linewidth=1,
-        label=f"arena {format_bytes(plan.arena)}",
-    )
-    peak_line = axes.axhline(
-        plan.predicted_peak / MIB,
-        color="C2",
-        linestyle="--",
-        linewidth=1,
-        label=f"predicted live peak {format_bytes(plan.predicted_peak)}",
-    )
-    budget_line = axes.axhline(
-        plan.budget / MIB,
-        color="C3",
-        linestyle="-.",
-        linewidth=1,
-        label=f"budget {format_bytes(plan.budget)}",
-    )
-    handles += [arena_line, peak_line, budget_line]
+    for height, color, style, what in (
+        (plan.arena, "black", "--", "arena"),
+        (plan.predicted_peak, "C2", "--", "predicted live peak"),
+        (plan.budget, "C3", "-.", "budget"),
+    ):
+        handles.append(
+            axes.axhline(
+                height / MIB,
+                color=color,
+                linestyle=style,
+                linewidth=1,
+                label=f"{what} {format_bytes(height)}",
+            )
+        )
     steps = max(len(plan.timeline), int(placed[:, 1].max()) if len(placed) else 0)
     if 0 < plan.backward_start <= steps:
         handles.append(
