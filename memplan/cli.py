@@ -308,9 +308,7 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
     outputs: list[tuple[Path, Callable[[Path], object]]] = [(args.output, plan.save)]
     if args.png is not None:
         outputs.append((args.png, lambda at: plot_timeline(plan, at, measured_peak=measured_peak)))
-    write_together(outputs)
-    for path, _ in outputs:
-        console.print(f"wrote {path}")
+    _write_all(outputs, console)
     return status
 
 
@@ -327,10 +325,15 @@ def _show(args: argparse.Namespace, console: Console) -> int:
         outputs.append((args.png, lambda at: plot_timeline(plan, at)))
     if args.placement_png is not None:
         outputs.append((args.placement_png, lambda at: placement_plot(plan, at)))
+    _write_all(outputs, console)
+    return 0
+
+
+def _write_all(outputs: list[tuple[Path, Callable[[Path], object]]], console: Console) -> None:
+    """Write every (path, writer) or none (files.write_together), then say what was written."""
     write_together(outputs)
     for path, _ in outputs:
         console.print(f"wrote {path}")
-    return 0
 
 
 def _solve(args: argparse.Namespace, console: Console) -> int:

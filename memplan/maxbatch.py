@@ -174,7 +174,7 @@ def _search(
         fast = [b for b, found in probes.items() if found.fits and b < top]
         top = _largest(lambda b: probe(b).fits, top, top, max(fast, default=0))
     best = probes.get(top)
-    every = [probes[b] for b in probes]  # in the order they were tried
+    every = list(probes.values())  # in the order they were tried
     if best is None or not best.fits:
         return MaxBatch(method, cap_bytes, 0, None, "", every)
     return MaxBatch(method, cap_bytes, best.batch, best.step_seconds, best.setting, every)

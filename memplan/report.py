@@ -19,6 +19,7 @@ from memplan.errors import MemplanError
 from memplan.files import write_atomically
 from memplan.graph import Decision, format_bytes
 from memplan.maxbatch import MaxBatch
+from memplan.planner.layout import ALLOCATOR_ALIGNMENT
 from memplan.planner.plan import Plan
 from memplan.verify import Verification
 
@@ -58,7 +59,7 @@ def summary_table(plan: Plan) -> Table:
         rounding = ""
         if plan.arena_bound:  # plans written before the bound was recorded have none
             share = plan.arena_bound / plan.predicted_peak - 1 if plan.predicted_peak else 0.0
-            rounding = f" (512-byte rounding alone: {share:.2%})"
+            rounding = f" ({ALLOCATOR_ALIGNMENT}-byte rounding alone: {share:.2%})"
         table.add_row(
             "fragmentation", f"{plan.fragmentation:.2%} above the predicted peak{rounding}"
         )

@@ -48,7 +48,7 @@ class ArenaFit:
 def fit_arena(
     graph: Graph,
     budget: int,
-    first: SolveResult,
+    start: ArenaFit,
     solve: Callable[[int], SolveResult],
     options: SolverOptions,
     *,
@@ -57,10 +57,11 @@ def fit_arena(
     layout_seconds: float = EXACT_TIME_LIMIT,
     moves: tuple[str, ...] = MOVES,
 ) -> ArenaFit:
-    """Starting from `first`, make moves while the arena is above `budget`, at most ROUNDS;
-    a move is kept only if it lowers the arena. `solve(live_budget)` runs the solver for
-    the "tighten" move. The caller checks the returned layout's arena against the budget."""
-    assert first.schedule is not None
+    """Starting from `start` (a solver's result, its trace and layout, no moves), make
+    moves while the arena is above `budget`, at most ROUNDS; a move is kept only if it
+    lowers the arena. `solve(live_budget)` runs the solver for the "tighten" move; each
+    candidate is laid out by `method`. The caller checks the returned layout's arena
+    against the budget."""
 
     def laid_out(result: SolveResult, done: tuple[str, ...]) -> ArenaFit | None:
         if result.schedule is None:
@@ -75,8 +76,7 @@ def fit_arena(
             done,
         )
 
-    fit = laid_out(first, ())
-    assert fit is not None
+    fit = start
     live_budget = budget
     for _ in range(ROUNDS):
         if fit.layout.arena <= budget:

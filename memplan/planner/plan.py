@@ -23,7 +23,7 @@ from memplan.errors import InfeasibleBudget, MemplanError, PlanFileError
 from memplan.files import write_atomically
 from memplan.graph import Budget, Decision, Graph, Schedule, SolveResult, format_bytes
 from memplan.passes.rewrite import rewrite
-from memplan.planner.fragmentation import MOVES, fit_arena
+from memplan.planner.fragmentation import MOVES, ArenaFit, fit_arena
 from memplan.planner.layout import (
     ALLOCATOR_ALIGNMENT,
     EXACT_TIME_LIMIT,
@@ -354,36 +354,31 @@ def plan_graph(
     result, trace, budget_bytes = _within_budget(
         graph, result, budget_bytes, options, solver_options
     )
+    layout = lay_out(
+        trace.allocations,
+        options.layout,
+        alignment=ALLOCATOR_ALIGNMENT,
+        time_limit=_layout_seconds(options),
+    )
     if options.fragmentation == "arena":
         # A reused plan's decisions are fixed, and a best-effort plan is already at the
         # least live peak found: their arenas are checked, not fitted.
         fixed = reuse is not None or result.status == "best-effort"
         moves = () if fixed else MOVES
         result, trace, layout, budget_bytes = _fit_arena(
-            graph, result, budget_bytes, options, solver_options, moves
-        )
-    else:
-        layout = lay_out(
-            trace.allocations,
-            options.layout,
-            alignment=ALLOCATOR_ALIGNMENT,
-            time_limit=_layout_seconds(options),
+            graph,
+            ArenaFit(result, trace, layout, ()),
+            budget_bytes,
+            options,
+            solver_options,
+            moves,
         )
     assert result.schedule is not None
     # The judges: the simulator for the live peak, the invariant checker for the layout.
     simulate(graph, result.schedule, bandwidth=bandwidth, budget=budget_bytes)
     check_layout(trace.allocations, layout)
-    plan = _make_plan(graph, result, trace, unplanned, budget_bytes, device, fingerprint, options)
-    plan = dataclasses.replace(
-        plan,
-        arena=layout.arena,
-        arena_bound=layout.live_peak,
-        layout_method=layout.method,
-        layout_status=layout.status,
-        placements=[
-            [a.start, a.end, a.bytes, offset]
-            for a, offset in zip(trace.allocations, layout.offsets, strict=True)
-        ],
+    plan = _make_plan(
+        graph, result, trace, layout, unplanned, budget_bytes, device, fingerprint, options
     )
     return plan, result.schedule
 
@@ -432,7 +427,7 @@ def _layout_seconds(options: PlanOptions) -> float:
 
 def _fit_arena(
     graph: Graph,
-    result: SolveResult,
+    start: ArenaFit,
     budget: int,
     options: PlanOptions,
     solver_options: SolverOptions,
@@ -444,7 +439,7 @@ def _fit_arena(
     fit = fit_arena(
         graph,
         budget,
-        result,
+        start,
         lambda live_budget: solver(graph, live_budget, solver_options),
         solver_options,
         method=options.layout,
@@ -459,7 +454,7 @@ def _fit_arena(
     if fit.layout.arena <= budget:
         return fitted, fit.trace, fit.layout, budget
     if not options.best_effort:
-        raise InfeasibleBudget(budget, fit.layout.arena, result.solver, what="arena")
+        raise InfeasibleBudget(budget, fit.layout.arena, fit.result.solver, what="arena")
     warnings.warn(
         f"{graph.name}: no layout found within {format_bytes(budget)}; planned for an "
         f"arena of {format_bytes(fit.layout.arena)} instead",
@@ -489,6 +484,7 @@ def _make_plan(
     graph: Graph,
     result: SolveResult,
     trace: MemoryTrace,
+    layout: Layout,
     unplanned: MemoryTrace,
     budget: int,
     device: torch.device,
@@ -517,6 +513,14 @@ def _make_plan(
         unplanned_clock=list(unplanned.clock),
         backward_start=result.schedule.split,
         options={**dataclasses.asdict(options), **result.options},
+        arena=layout.arena,
+        arena_bound=layout.live_peak,
+        layout_method=layout.method,
+        layout_status=layout.status,
+        placements=[
+            [a.start, a.end, a.bytes, offset]
+            for a, offset in zip(trace.allocations, layout.offsets, strict=True)
+        ],
     )
 
 
