@@ -9,7 +9,7 @@ the two, then CP-SAT where there are at most layout.EXACT_LIMIT allocations), on
 without fragmentation-aware planning (the budget bounds the live peak) and once with it
 (the budget bounds the arena; planner/fragmentation.py).
 
-- Zoo models (memplan.zoo, at the head-to-head benchmark's sizes, benchmarks.models.SIZES):
+- Zoo models (memplan.tools.zoo, at the head-to-head benchmark's sizes, benchmarks.models.SIZES):
   each is traced once with roofline node times
   (`measure=False`, so no plan depends on CPU timing noise), then planned with
   `plan_graph` and the "greedy" solver at each share of the unplanned peak, in "live"
@@ -47,9 +47,11 @@ from rich.progress import Progress
 
 from benchmarks.models import SIZES
 from memplan import remat
+from memplan.budget import Budget
 from memplan.errors import InfeasibleBudget, MemplanError
 from memplan.files import write_json_atomically
-from memplan.graph import Budget, Graph, format_bytes, load_node_link
+from memplan.graph import Graph
+from memplan.node_link import load_node_link
 from memplan.planner.capture import compile_training_step
 from memplan.planner.fragmentation import ArenaFit, fit_arena
 from memplan.planner.layout import (
@@ -59,11 +61,14 @@ from memplan.planner.layout import (
     Layout,
     lay_out,
 )
-from memplan.planner.plan import Partitioner, Plan, PlanOptions, plan_graph
-from memplan.planner.simulate import MemoryTrace, simulate
-from memplan.report import placement_plot
+from memplan.planner.options import PlanOptions
+from memplan.planner.plan import Partitioner, plan_graph
+from memplan.planner.plan_file import Plan
+from memplan.simulate import MemoryTrace, simulate
 from memplan.solvers import SolverOptions, get_solver
-from memplan.zoo import ZOO
+from memplan.tools.report import placement_plot
+from memplan.tools.zoo import ZOO
+from memplan.units import format_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -154,7 +159,7 @@ def trace_model(name: str, **size: int) -> Graph:
 
 def unplanned_peak(graph: Graph) -> int:
     """The simulated peak of the graph's unplanned (keep everything) schedule."""
-    reference = get_solver("keep_all")(graph, 0, SolverOptions())
+    reference = get_solver("keep_all")(graph, None, SolverOptions())
     assert reference.schedule is not None
     return simulate(graph, reference.schedule).peak
 
@@ -185,7 +190,7 @@ def plan_model(
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # best effort's warning: the row says it
-            plan, _ = plan_graph(graph, budget, options, device=torch.device("cpu"))
+            plan, _ = plan_graph(graph, budget, options, device="cpu")
     except InfeasibleBudget as error:
         of = "arena" if "feasible arena" in str(error) else "peak"
         wall = time.perf_counter() - started
@@ -702,17 +707,17 @@ def _sizes(sizes: dict[str, dict[str, int]] | None) -> str:
     """The sentence on the zoo models' sizes as run: the head-to-head benchmark's, or others
     (the zoo's defaults where a figures file records none)."""
     if not sizes:
-        return "Zoo models (`memplan.zoo`) at the zoo's default sizes."
+        return "Zoo models (`memplan.tools.zoo`) at the zoo's default sizes."
     listed = "; ".join(
         f"{name} {', '.join(f'{k} {v}' for k, v in size.items()) or 'at its defaults'}"
         for name, size in sizes.items()
     )
     if all(SIZES.get(name) == size for name, size in sizes.items()):
         return (
-            "Zoo models (`memplan.zoo`) at the sizes of the head-to-head benchmark "
+            "Zoo models (`memplan.tools.zoo`) at the sizes of the head-to-head benchmark "
             f"([results](results.md), `benchmarks.models.SIZES`): {listed}."
         )
-    return f"Zoo models (`memplan.zoo`) at these sizes: {listed}."
+    return f"Zoo models (`memplan.tools.zoo`) at these sizes: {listed}."
 
 
 def _others(rows: Sequence[Row], plot: dict[str, Any]) -> str:

@@ -1,4 +1,4 @@
-"""The largest batch under a memory cap (memplan.maxbatch) for GPT-2 and ResNet-50.
+"""The largest batch under a memory cap (memplan.tools.maxbatch) for GPT-2 and ResNet-50.
 
 Each model's cap is the eager peak at REFERENCE_BATCH, measured here (rounded up to a
 whole MiB), so that eager's largest batch is about REFERENCE_BATCH and the others' are
@@ -18,11 +18,11 @@ import torch
 from rich.console import Console
 
 from benchmarks.models import DOCS, RESULTS, SIZES, machine
-from memplan.graph import format_bytes
-from memplan.maxbatch import DEFAULT_OVERHEAD, METHODS, MaxBatch, Probe, max_batch
 from memplan.planner.measure import measure_peak
-from memplan.verify import resident_tensors, training_step
-from memplan.zoo import ZOO
+from memplan.tools.maxbatch import DEFAULT_OVERHEAD, METHODS, MaxBatch, Probe, max_batch
+from memplan.tools.verify import resident_tensors, training_step
+from memplan.tools.zoo import ZOO
+from memplan.units import format_bytes
 
 MODELS = ("gpt2", "resnet50")
 REFERENCE_BATCH = 8
@@ -56,7 +56,7 @@ def markdown(found: dict[str, list[MaxBatch]], where: dict[str, Any], overhead: 
         f"Machine: {where['device_name']} ({where['device']}), {where['cpu_threads']} CPU "
         f"threads, torch {where['torch']}, {where['date']}.",
         "",
-        f"`memplan maxbatch` (memplan/maxbatch.py) with a step-time overhead limit of "
+        f"`memplan maxbatch` (memplan/tools/maxbatch.py) with a step-time overhead limit of "
         f"{overhead:.0%} per sample against eager's time per sample at eager's largest batch. "
         "The cap is enforced: on CPU the live-storage tracker raises an out-of-memory error "
         "the moment live memory passes it. Each model's cap is the eager peak at batch "

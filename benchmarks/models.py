@@ -4,7 +4,7 @@ Each model trains one step under each method:
 - eager;
 - torch.utils.checkpoint around every block (the zoo names each model's block class);
 - PyTorch's min-cut partitioner (what torch.compile's "aot_eager_decomp_partition" runs)
-  at each activation memory budget of memplan.compare.PYTORCH_BUDGETS;
+  at each activation memory budget of memplan.tools.compare.PYTORCH_BUDGETS;
 - memplan with each solver at 90%, 70%, 50% and 30% of the eager peak and at its smallest
   feasible budget, and memplan's MATCHED_SOLVER at each of PyTorch's measured peaks.
 
@@ -39,12 +39,12 @@ from rich.progress import Progress
 from torch import nn
 
 import memplan
-from memplan.compare import PYTORCH_BUDGETS, checkpoint_blocks, pytorch_partitioned
 from memplan.errors import InfeasibleBudget, MemplanError
-from memplan.graph import format_bytes
 from memplan.planner.measure import measure_peak, median_step_seconds
-from memplan.verify import compare_grads, resident_tensors, training_step
-from memplan.zoo import ZOO, Example
+from memplan.tools.compare import PYTORCH_BUDGETS, checkpoint_blocks, pytorch_partitioned
+from memplan.tools.verify import compare_grads, resident_tensors, training_step
+from memplan.tools.zoo import ZOO, Example
+from memplan.units import format_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -185,6 +185,9 @@ class Bench:
             seconds = time.perf_counter() - started
             return _replace(run, status=f"error: {error}", plan_seconds=seconds)
         plan = planned.plan
+        if plan.solver != solver:  # the fallback stood in: this solver found no plan
+            seconds = time.perf_counter() - started
+            return _replace(run, status=f"error: {plan.note}", plan_seconds=seconds)
         run = _replace(
             run,
             budget=plan.budget,
@@ -207,7 +210,7 @@ class Bench:
     def _least(self, solver: str) -> int:
         """The smallest feasible budget InfeasibleBudget reports for a 1-byte budget."""
         try:
-            self._optimize(solver, 1)
+            self._optimize(solver, "1 B")
         except InfeasibleBudget as error:
             return error.smallest_feasible
         raise MemplanError(f"{solver} met a 1-byte budget")

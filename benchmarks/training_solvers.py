@@ -25,14 +25,16 @@ import torch
 from rich.console import Console
 from rich.progress import Progress
 
+from memplan.budget import Budget
 from memplan.errors import MemplanError
 from memplan.files import write_json_atomically
-from memplan.graph import Budget, Graph
+from memplan.graph import Graph
 from memplan.planner.capture import compile_training_step
-from memplan.planner.plan import Partitioner, PlanOptions
-from memplan.planner.simulate import MemoryTrace, simulate
+from memplan.planner.options import PlanOptions
+from memplan.planner.plan import Partitioner
+from memplan.simulate import MemoryTrace, simulate
 from memplan.solvers import SolverOptions, get_solver
-from memplan.zoo import ZOO
+from memplan.tools.zoo import ZOO
 
 ROOT = Path(__file__).resolve().parents[1]
 JSON = ROOT / "benchmarks" / "results" / "training-solvers.json"
@@ -81,10 +83,10 @@ def solve(
 ) -> Row:
     """Run one solver and judge its schedule with the simulator."""
     budget = 0 if share is None else int(share * ref.peak)
-    options = SolverOptions(time_limit=limit, minimize_memory=share is None)
+    options = SolverOptions(time_limit=limit)
     started = time.perf_counter()
     try:
-        result = get_solver(solver)(graph, budget, options)
+        result = get_solver(solver)(graph, None if share is None else budget, options)
         wall = time.perf_counter() - started
         trace_ = None if result.schedule is None else simulate(graph, result.schedule)
         status, message = result.status, result.message
@@ -161,7 +163,7 @@ def markdown(data: dict[str, Any]) -> str:
         )
         lines += _table(header, models, solvers, ratios)
     lines += _table(
-        "## Least peak (minimize_memory), as a fraction of the eager peak",
+        "## Least peak (budget None), as a fraction of the eager peak",
         models,
         solvers,
         lambda m: [_fraction(least.get((m, s))) for s in solvers],

@@ -1,7 +1,7 @@
 """memplan: plan training memory in PyTorch: keep, recompute or offload each activation.
 
 The torch-facing API is imported on first use, so that the IR, the simulator and the
-solvers (memplan.graph, memplan.planner.simulate, memplan.solvers) load without torch.
+solvers (memplan.graph, memplan.simulate, memplan.solvers) load without torch.
 """
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from memplan.budget import Budget
 from memplan.errors import InfeasibleBudget, MemplanError
-from memplan.graph import Budget
 
 _LAZY = {
     "optimize": "memplan.api",
     "plan": "memplan.api",
-    "PlannedModule": "memplan.api",
+    "PlannedModule": "memplan.planner.module",
     "backend": "memplan.backends",
-    "Plan": "memplan.planner.plan",
+    "Plan": "memplan.planner.plan_file",
 }
 
 __all__ = ["Budget", "InfeasibleBudget", "MemplanError", *_LAZY]

@@ -5,54 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from torch import nn
 
-from memplan.errors import MemplanError
-from memplan.graph import Budget
-from memplan.planner.capture import Compiled, compile_training_step
-from memplan.planner.plan import Partitioner, Plan, PlanOptions
-
-
-class CompiledStep(nn.Module):
-    """Trains `model` with a forward and backward graph compiled for the example inputs.
-
-    The graphs were traced for the example inputs' shapes and training mode: other shapes
-    raise an error, and in eval mode the original module runs.
-    """
-
-    def __init__(self, model: nn.Module, compiled: Compiled, example_inputs: Sequence[Any]) -> None:
-        super().__init__()
-        self.model = model
-        self._compiled = compiled
-        self._signature = [_describe(x) for x in example_inputs]
-
-    def forward(self, *inputs: Any) -> Any:
-        if not self.training:
-            return self.model(*inputs)
-        signature = [_describe(x) for x in inputs]
-        if signature != self._signature:
-            raise MemplanError(
-                f"compiled for inputs {self._signature}, got {signature}; "
-                "compile again for new shapes"
-            )
-        params = dict(self.model.named_parameters(remove_duplicate=False))
-        buffers = dict(self.model.named_buffers(remove_duplicate=False))
-        state = [params[n] for n in self._compiled.param_names]
-        state += [buffers[n] for n in self._compiled.buffer_names]
-        return self._compiled.fn(*state, *inputs)
-
-
-class PlannedModule(CompiledStep):
-    """Trains `model` with memplan's forward and backward graphs; `.plan` is their Plan.
-
-    Call memplan.optimize again for other input shapes."""
-
-    def __init__(
-        self, model: nn.Module, compiled: Compiled, plan: Plan, example_inputs: Sequence[Any]
-    ) -> None:
-        super().__init__(model, compiled, example_inputs)
-        self.plan = plan
+from memplan.budget import Budget
+from memplan.planner.module import PlannedModule, plan_module
+from memplan.planner.options import PlanOptions
+from memplan.planner.plan_file import Plan
 
 
 def plan(
@@ -62,7 +20,8 @@ def plan(
     solver: str = "greedy",
     **options: Any,
 ) -> Plan:
-    """Plan one training step of `model(*example_inputs)` under `budget` ("2GiB", 2e9, "60%")."""
+    """Plan one training step of `model(*example_inputs)` under `budget` ("2GiB", 2e9,
+    "60%" or 0.6)."""
     return optimize(model, example_inputs, budget, solver, **options).plan
 
 
@@ -81,15 +40,6 @@ def optimize(
     `reuse` applies a saved Plan's decisions instead of solving again.
     """
     parsed = Budget.parse(budget)
-    plan_options = PlanOptions(solver=solver, **options)
-    partitioner = Partitioner(parsed, plan_options, name=type(model).__name__, reuse=reuse)
-    compiled = compile_training_step(model, example_inputs, partitioner)
-    if len(partitioner.plans) != 1:
-        raise MemplanError("the model produced no trainable graph (do any outputs require grad?)")
-    return PlannedModule(model, compiled, partitioner.plans[0], example_inputs)
-
-
-def _describe(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return (tuple(value.shape), str(value.dtype), str(value.device))
-    return type(value).__name__
+    return plan_module(
+        model, example_inputs, parsed, PlanOptions(solver=solver, **options), reuse=reuse
+    )

@@ -15,10 +15,12 @@ from typing import Any
 import torch
 from torch._dynamo.backends.common import aot_autograd
 
+from memplan.budget import Budget
 from memplan.errors import MemplanError
-from memplan.graph import Budget
 from memplan.planner.capture import boxed_runner
-from memplan.planner.plan import Partitioner, Plan, PlanOptions
+from memplan.planner.options import PlanOptions
+from memplan.planner.plan import Partitioner
+from memplan.planner.plan_file import Plan
 
 INNER_COMPILERS = ("eager", "inductor")
 

@@ -1,6 +1,9 @@
 """The `memplan` command: plan a saved torch.export program, show a saved plan, solve a
 literature graph, find the largest batch under a memory cap, list solvers.
 
+Only `plan` and `maxbatch` load torch, when they run: `show`, `solve` and `solvers` work
+without it.
+
 Every error a user can cause ends as one line `memplan: error: ...` and exit status 2,
 before any output file is written or with every output file left as it was; a bug in
 memplan ends as one line `memplan: internal error: ...` and exit status 3 (--verbose shows
@@ -10,32 +13,26 @@ the traceback of either).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import logging
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
-import torch
 from rich.console import Console
-from torch import nn
 
-from memplan import api, maxbatch, remat, solvers
-from memplan.errors import (
-    BudgetError,
-    MemplanError,
-    ModelFileError,
-    OutputFileError,
-)
+from memplan import remat, solvers
+from memplan.budget import Budget
+from memplan.errors import BudgetError, MemplanError, OutputFileError, one_line
 from memplan.files import write_json_atomically, write_together
-from memplan.graph import Budget, format_bytes, load_node_link
-from memplan.planner import capture
+from memplan.node_link import load_node_link
 from memplan.planner.layout import METHODS as LAYOUTS
-from memplan.planner.plan import FRAGMENTATION, Plan, PlanOptions
-from memplan.report import (
+from memplan.planner.options import FRAGMENTATION, PlanOptions
+from memplan.planner.plan_file import Plan
+from memplan.planner.solve import provenance, solve_within_budget
+from memplan.schedule_file import solved_schedule
+from memplan.tools import batch_search
+from memplan.tools.report import (
     decision_table,
     maxbatch_table,
     placement_plot,
@@ -44,19 +41,12 @@ from memplan.report import (
     summary_table,
     verification_table,
 )
-from memplan.solvers import general
-from memplan.verify import verify
-from memplan.zoo import ZOO
+from memplan.units import format_bytes
 
-# torch.save files; loading one unpickles, which can run any code the file's author chose.
-PICKLE_SUFFIXES = frozenset({".pt", ".pth", ".pkl", ".pickle"})
 DEFAULTS = PlanOptions()
 EXIT_ERROR = 2
 EXIT_CHECK_FAILED = 1
 EXIT_INTERNAL = 3
-# Loggers that torch.export.load writes tracebacks to, as warnings, before it raises on a
-# corrupt archive; the one-line error says the same.
-_EXPORT_LOGGERS = ("torch.export", "torch._export")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -72,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (MemplanError, OSError) as error:
         if args.verbose:
             raise
-        print(f"memplan: error: {_one_line(error)}", file=sys.stderr)
+        print(f"memplan: error: {one_line(error)}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         if args.verbose:
@@ -83,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.verbose:
             raise
         print(
-            f"memplan: internal error: {type(error).__name__}: {_one_line(error)} "
+            f"memplan: internal error: {type(error).__name__}: {one_line(error)} "
             "(--verbose shows the traceback)",
             file=sys.stderr,
         )
@@ -112,7 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("model", type=Path, help="a .pt2 file written by torch.export.save")
     plan.add_argument(
-        "--budget", required=True, help="peak device memory: '2GiB', '512MB', 2e9 or '60%%'"
+        "--budget",
+        required=True,
+        help="peak device memory: '2GiB', '512MB', 2e9, or a share of the unplanned peak: "
+        "'60%%' or 0.6",
     )
     plan.add_argument(
         "-o", "--output", type=Path, required=True, help="where to write the plan (JSON)"
@@ -232,19 +225,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     largest.add_argument(
         "model",
-        help=f"a zoo model ({', '.join(sorted(ZOO))}) or MODULE:FUNCTION, a function that "
-        "takes batch=N and returns a memplan.zoo.Example or (model, inputs)",
+        help="a model of memplan.tools.zoo (mlp, gpt2, resnet50, ...) or MODULE:FUNCTION, a "
+        "function that takes batch=N and returns a memplan.tools.zoo.Example or (model, inputs)",
     )
     largest.add_argument("--cap", required=True, help="device memory cap: '2GiB', '512MB', 2e9")
     largest.add_argument(
         "--overhead",
         type=_non_negative_float,
-        default=maxbatch.DEFAULT_OVERHEAD,
+        default=batch_search.DEFAULT_OVERHEAD,
         help="step-time overhead limit per sample, as a fraction (default: "
-        f"{maxbatch.DEFAULT_OVERHEAD:g})",
+        f"{batch_search.DEFAULT_OVERHEAD:g})",
     )
     largest.add_argument(
-        "--methods", nargs="+", choices=maxbatch.METHODS, default=list(maxbatch.METHODS)
+        "--methods", nargs="+", choices=batch_search.METHODS, default=list(batch_search.METHODS)
     )
     largest.add_argument(
         "--solver", default=DEFAULTS.solver, help=f"memplan's solver (default: {DEFAULTS.solver})"
@@ -275,10 +268,14 @@ def _add_search_options(command: argparse.ArgumentParser) -> None:
 
 
 def _plan(args: argparse.Namespace, console: Console) -> int:
-    # Check everything cheap before loading and tracing the model.
+    # Check everything cheap before loading torch and tracing the model.
     budget = Budget.parse(args.budget)
-    solvers.get_solver(args.solver)
+    solvers.check_known(args.solver)
     check_outputs([args.model], [args.output, args.png])
+    from memplan import api
+    from memplan.planner.model_file import load_model
+    from memplan.tools.verify import verify
+
     model, inputs = load_model(args.model, allow_pickle=args.allow_pickle)
     plan = api.plan(
         model,
@@ -337,16 +334,17 @@ def _write_all(outputs: list[tuple[Path, Callable[[Path], object]]], console: Co
 
 
 def _solve(args: argparse.Namespace, console: Console) -> int:
-    solvers.get_solver(args.solver)  # an unknown name fails before the graph is read
+    solvers.check_known(args.solver)  # an unknown name fails before the graph is read
     check_outputs([args.graph], [args.output])
     graph = load_node_link(args.graph)
     budget = remat.resolve_budget(graph, args.budget)
     options = solvers.SolverOptions(
-        seed=args.seed, time_limit=args.time_limit, bandwidth=args.bandwidth
+        seed=args.seed, time_limit=args.time_limit, bandwidth=args.bandwidth, problem="general"
     )
-    result = general.solve(graph, budget, args.solver, options)
-    report = remat.solved_schedule(graph, budget, result, bandwidth=args.bandwidth)
-    note = general.provenance(result, args.solver, options)
+    solved = solve_within_budget(graph, budget, args.solver, options)
+    result = solved.result
+    report = solved_schedule(graph, budget, result, bandwidth=args.bandwidth)
+    note = provenance(solved, args.solver, options)
     if note is not None:
         report["note"] = note  # the file says which schedule it holds, as the output does
     write_json_atomically(args.output, report)
@@ -371,13 +369,15 @@ def _maxbatch(args: argparse.Namespace, console: Console) -> int:
     cap = Budget.parse(args.cap)
     if cap.bytes is None:
         raise BudgetError(f"the cap must be an amount of memory, not a share: {args.cap!r}")
-    solvers.get_solver(args.solver)
+    solvers.check_known(args.solver)
     check_outputs([], [args.output])
     if args.start > args.max_batch:
         raise MemplanError(f"--start {args.start} is above --max-batch {args.max_batch}")
+    from memplan.tools import maxbatch
+
     build = maxbatch.builder(args.model)
 
-    def report(method: str, probe: maxbatch.Probe) -> None:
+    def report(method: str, probe: batch_search.Probe) -> None:
         verdict = "fits" if probe.fits else f"does not fit: {probe.reason}"
         console.print(f"  {method} batch {probe.batch}: {verdict}")
 
@@ -402,7 +402,7 @@ def _maxbatch(args: argparse.Namespace, console: Console) -> int:
 
 def _solvers(args: argparse.Namespace, console: Console) -> int:
     for name in solvers.available():
-        console.print(f"{name:10} {' and '.join(solvers.REGISTRY[name][1])}")
+        console.print(f"{name:10} {' and '.join(solvers.problems(name))}")
     return 0
 
 
@@ -428,92 +428,6 @@ def _same_file(one: Path, other: Path) -> bool:
     if one.exists() and other.exists():
         return os.path.samefile(one, other)
     return one.resolve() == other.resolve()
-
-
-def load_model(path: Path, *, allow_pickle: bool = False) -> tuple[nn.Module, tuple[Any, ...]]:
-    """The trainable module in a .pt2 program and its example inputs, or, with
-    `allow_pickle`, those of a pickled {"model": module, "inputs": tuple} dict.
-    ModelFileError for any file they cannot be loaded from."""
-    if path.suffix.lower() not in PICKLE_SUFFIXES:
-        with _quiet_export_logs() as warnings:
-            try:
-                return capture.exported_module(capture.load_exported(path))
-            except Exception as error:  # a corrupt archive can fail anywhere in torch
-                # torch.export.load logs what went wrong, then raises "see the warnings above"
-                logged = [r.exc_info[1] for r in warnings if r.exc_info and r.exc_info[1]]
-                cause = logged[-1] if logged else error
-                while logged and cause.__cause__ is not None:  # the root of what it logged
-                    cause = cause.__cause__
-                if isinstance(error, MemplanError) and not logged:
-                    raise
-                raise ModelFileError(
-                    f"{path}: cannot load the exported program: "
-                    f"{type(cause).__name__}: {_first_line(cause)}"
-                ) from error
-    if not allow_pickle:
-        raise ModelFileError(
-            f"{path}: loading a pickled model runs arbitrary code from the file; "
-            "pass --allow-pickle if you trust it, or save a torch.export program (.pt2)"
-        )
-    if not path.is_file():
-        raise ModelFileError(f"{path}: no such file")
-    try:
-        data = torch.load(path, weights_only=False)
-    except Exception as error:  # unpickling raises anything the file's classes raise
-        raise ModelFileError(f"{path}: cannot unpickle: {_one_line(error)}") from error
-    model = data.get("model") if isinstance(data, dict) else None
-    inputs = data.get("inputs") if isinstance(data, dict) else None
-    if not isinstance(model, nn.Module) or not isinstance(inputs, (tuple, list)):
-        raise ModelFileError(
-            f"{path}: expected a dict {{'model': nn.Module, 'inputs': tuple}}, "
-            f"got {type(data).__name__}"
-            + (f" with keys {sorted(map(str, data))}" if isinstance(data, dict) else "")
-        )
-    model.train()
-    return model, tuple(inputs)
-
-
-class _Collector(logging.Handler):
-    """A log handler that keeps the records it is given."""
-
-    def __init__(self, level: int) -> None:
-        super().__init__(level)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
-@contextlib.contextmanager
-def _quiet_export_logs() -> Iterator[list[logging.LogRecord]]:
-    """Keep torch.export's warnings (tracebacks of what it could not deserialize) off
-    stderr, collecting them instead: the ModelFileError that follows is the one line a
-    user sees, and it names the error they carry."""
-    collector = _Collector(logging.WARNING)
-    loggers = [logging.getLogger(name) for name in _EXPORT_LOGGERS]
-    saved = [(logger.handlers, logger.propagate) for logger in loggers]
-    for logger in loggers:  # torch gives torch.export a stderr handler of its own
-        logger.handlers = [collector]
-        logger.propagate = False
-    try:
-        yield collector.records
-    finally:
-        for logger, (handlers, propagate) in zip(loggers, saved, strict=True):
-            logger.handlers = handlers
-            logger.propagate = propagate
-
-
-def _first_line(error: BaseException, limit: int = 300) -> str:
-    """The first line of an error's message, cut at `limit` characters: torch's run on
-    for a page."""
-    lines = str(error).strip().splitlines()
-    text = _one_line(lines[0]) if lines else type(error).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _one_line(error: BaseException | str) -> str:
-    text = " ".join(str(error).split())
-    return text or type(error).__name__
 
 
 def _number(text: str) -> float:

@@ -1,6 +1,9 @@
-"""memplan's exception tree: every error a user can cause is one of these."""
+"""memplan's exception tree (every error a user can cause is one of these), its warning,
+and how an error is shown in one line."""
 
 from __future__ import annotations
+
+from memplan.units import format_bytes
 
 
 class MemplanError(Exception):
@@ -18,8 +21,6 @@ class InfeasibleBudget(MemplanError):
     def __init__(
         self, budget: int, smallest_feasible: int, solver: str, *, what: str = "peak"
     ) -> None:
-        from memplan.graph import format_bytes
-
         self.budget = budget
         self.smallest_feasible = smallest_feasible
         self.solver = solver
@@ -72,3 +73,21 @@ class UnsupportedProblem(MemplanError):
 
 class OutputFileError(MemplanError):
     """An output path that cannot be written: a folder, or under a file."""
+
+
+class MemplanWarning(UserWarning):
+    """A warning memplan gives: a plan that holds only in part (a best-effort budget)."""
+
+
+def one_line(error: BaseException | str) -> str:
+    """The error's message with its whitespace folded onto one line."""
+    text = " ".join(str(error).split())
+    return text or (error if isinstance(error, str) else type(error).__name__)
+
+
+def first_line(error: BaseException, limit: int = 300) -> str:
+    """The first line of an error's message, cut at `limit` characters: torch's run on
+    for a page."""
+    lines = str(error).strip().splitlines()
+    text = one_line(lines[0]) if lines else type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

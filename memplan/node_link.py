@@ -14,14 +14,18 @@ most 2**63 - 1 bytes, as a budget; all times together, once per node, a finite f
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from memplan import checks
+from memplan.budget import MAX_BUDGET_BYTES
 from memplan.errors import GraphError
-from memplan.graph import MAX_BUDGET_BYTES, Graph, Node
+from memplan.graph import Graph, Node
+
+# A node's bytes: whole, and at most what a budget may name. Its time: any finite number.
+_BYTES = checks.at_most(checks.count, MAX_BUDGET_BYTES, "2**63 - 1 bytes")
 
 
 def load_node_link(source: str | Path | Mapping[str, Any]) -> Graph:
@@ -65,8 +69,8 @@ def load_node_link(source: str | Path | Mapping[str, Any]) -> Graph:
                 name=str(record.get("name", original)),
                 op="op",
                 inputs=reads,
-                bytes=_number(record, ("cost_ram", "out_cost"), original, int),
-                time=float(_number(record, ("cost_cpu", "duration"), original, float)),
+                bytes=_number(record, ("cost_ram", "out_cost"), original, _BYTES),
+                time=_number(record, ("cost_cpu", "duration"), original, checks.seconds),
                 is_backward=_flag(record, "backward", original),
             )
         )
@@ -77,22 +81,7 @@ def load_node_link(source: str | Path | Mapping[str, Any]) -> Graph:
 
 
 def _read(path: str | Path) -> Mapping[str, Any]:
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as error:
-        raise GraphError(f"{path}: cannot read: {error.strerror or error}") from error
-    except ValueError as error:  # a path with a NUL byte in it
-        raise GraphError(f"{path!r}: cannot read: {error}") from error
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise GraphError(f"{path}: not valid JSON (not UTF-8 text at byte {error.start})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise GraphError(f"{path}: not valid JSON ({error.msg} at line {error.lineno})") from error
-    except RecursionError:
-        raise GraphError(f"{path}: not a node-link graph (JSON nested too deeply)") from None
+    data = checks.read_json(path, GraphError, "a node-link graph")
     if not isinstance(data, dict):
         raise GraphError(f"{path}: expected a node-link JSON object")
     return data
@@ -100,57 +89,41 @@ def _read(path: str | Path) -> Mapping[str, Any]:
 
 def _node_id(record: object) -> int:
     if not isinstance(record, dict):
-        raise GraphError(f"node entry {_brief(record)} is not an object")
+        raise GraphError(f"node entry {checks.shown(record)} is not an object")
     value = record.get("id", record.get("name"))
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise GraphError(f"node entry {_brief(record)} has no integer 'id' (or integer 'name')")
+    if not checks.is_int(value):
+        raise GraphError(
+            f"node entry {checks.shown(record)} has no integer 'id' (or integer 'name')"
+        )
     return value
 
 
 def _edge(link: object) -> tuple[int, int]:
     if not isinstance(link, dict):
-        raise GraphError(f"link entry {_brief(link)} is not an object")
+        raise GraphError(f"link entry {checks.shown(link)} is not an object")
     ends = (link.get("source"), link.get("target"))
     if ends == (None, None):
         ends = (link.get("0"), link.get("1"))
-    if not all(isinstance(e, int) and not isinstance(e, bool) for e in ends):
-        raise GraphError(f"link entry {_brief(link)} needs integer 'source' and 'target'")
+    if not all(checks.is_int(e) for e in ends):
+        raise GraphError(f"link entry {checks.shown(link)} needs integer 'source' and 'target'")
     return ends[0], ends[1]  # type: ignore[return-value]
 
 
-def _number(record: dict[str, Any], fields: tuple[str, ...], node: int, kind: type) -> Any:
-    """The first of `fields` in `record`: a finite non-negative number, whole if `kind` is
-    int (bytes, at most 2**63 - 1); GraphError if it is anything else or none is there."""
-    for field in fields:
-        if field in record:
-            value = record[field]
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise GraphError(
-                    f"node {node}: {field!r} must be a non-negative number, got {_brief(value)}"
-                )
-            # json reads NaN and Infinity; no float() of an int, which overflows past 1e308
-            if (isinstance(value, float) and not math.isfinite(value)) or value < 0:
-                raise GraphError(f"node {node}: {field!r} must be a finite non-negative number")
-            if kind is int:
-                if value != int(value):
-                    raise GraphError(f"node {node}: {field!r} must be a whole number of bytes")
-                if value > MAX_BUDGET_BYTES:
-                    raise GraphError(f"node {node}: {field!r} is over 2**63 - 1 bytes")
-                return int(value)
+def _number(record: dict[str, Any], fields: tuple[str, ...], node: int, check: checks.Check) -> Any:
+    """The first of `fields` in `record`, passed through `check`; GraphError if it fails or
+    none is there."""
+    for name in fields:
+        if name in record:
             try:
-                return float(value)
-            except OverflowError:
-                raise GraphError(f"node {node}: {field!r} is too large for a float") from None
+                return check(record[name])
+            except checks.Mismatch as mismatch:
+                raise GraphError(f"node {node}: {name!r} {mismatch}") from None
     raise GraphError(f"node {node} has none of the fields {', '.join(fields)}")
 
 
-def _flag(record: dict[str, Any], field: str, node: int) -> bool:
-    """A JSON boolean field, false where absent: "false" as a string is refused, not read
-    as true."""
-    value = record.get(field, False)
-    if not isinstance(value, bool):
-        raise GraphError(f"node {node}: {field!r} must be true or false, got {_brief(value)}")
-    return value
+def _flag(record: dict[str, Any], name: str, node: int) -> bool:
+    """A boolean field, false where absent."""
+    return bool(_number({name: False, **record}, (name,), node, checks.flag))
 
 
 def _check_totals(nodes: list[Node]) -> None:
@@ -171,7 +144,7 @@ def _reference_order(
         order = sorted(records)
     elif (
         isinstance(given, list)
-        and all(isinstance(v, int) and not isinstance(v, bool) for v in given)
+        and all(checks.is_int(v) for v in given)
         and sorted(given) == sorted(records)
     ):
         order = list(given)
@@ -187,8 +160,3 @@ def _reference_order(
             )
         seen.add(v)
     return order
-
-
-def _brief(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."

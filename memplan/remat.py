@@ -13,30 +13,12 @@ same sequence once `to_schedule` has put a Free after each copy's last read.
 
 from __future__ import annotations
 
-import math
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from fractions import Fraction
-from typing import Any
 
-from memplan.errors import BudgetError, InvalidSchedule
-from memplan.graph import (
-    MAX_BUDGET_BYTES,
-    Budget,
-    Compute,
-    Free,
-    Graph,
-    Node,
-    Offload,
-    Prefetch,
-    Schedule,
-    SolveResult,
-    Wait,
-    exact_number,
-    with_frees,
-)
-from memplan.planner.simulate import simulate
+from memplan.budget import Budget
+from memplan.errors import InvalidSchedule
+from memplan.graph import Compute, Graph, Schedule, with_frees
 
 
 @dataclass(frozen=True)
@@ -111,89 +93,8 @@ def to_schedule(graph: Graph, sequence: Sequence[int]) -> Schedule:
     return Schedule(steps=tuple(with_frees(graph, [Compute(v) for v in sequence])))
 
 
-def resolve_budget(graph: Graph, budget: str | float) -> int:
-    """Bytes for a budget given as bytes or a size ("2e9", "2GiB"), or as a share of the
-    reference peak ("0.8", "80%"), rounded up as the published protocol does:
-    B = ceil(m * P0). A plain number up to 1 is a share; above 1, bytes. BudgetError for
-    anything else, and for a budget that comes to under 1 byte (a share of a graph whose
-    reference peak is 0) or over 2**63 - 1 bytes."""
-    text = str(budget).strip()
-    share = exact_number(text)  # not Fraction(text): Fraction("1e-999999999") never ends
-    if share is None or not 0 < share <= 1:
-        parsed = Budget.parse(text)
-        if parsed.bytes is not None:
-            return parsed.bytes
-        share = Fraction(parsed.fraction)
-    peak = reference(graph).peak
-    resolved = math.ceil(share * peak)
-    if not 1 <= resolved <= MAX_BUDGET_BYTES:
-        raise BudgetError(
-            f"budget {text!r} of the reference peak of {peak} bytes is {resolved} bytes; "
-            "a budget is 1 to 2**63 - 1 bytes"
-        )
-    return resolved
-
-
-def solved_schedule(
-    graph: Graph, budget: int, result: SolveResult, *, bandwidth: float | None = None
-) -> dict[str, Any]:
-    """The JSON a solve writes, once the simulator accepted the schedule.
-
-    `sequence` lists the computed nodes by the file's ids (a repeat is a recomputation), so
-    any scorer of the literature's rules can check it; a schedule with paging adds its
-    transfer steps, in order, as `steps`. InvalidSchedule if the simulator rejects the
-    schedule, or if the solver called it feasible and its peak is over the budget.
-    """
-    if result.schedule is None:
-        raise InvalidSchedule(f"solver {result.solver!r} returned no schedule ({result.status})")
-    trace = simulate(graph, result.schedule, bandwidth=bandwidth)
-    if result.status in ("optimal", "feasible") and trace.peak > budget:
-        raise InvalidSchedule(
-            f"solver {result.solver!r} reported {result.status} but its schedule peaks at "
-            f"{trace.peak} B, over the budget of {budget} B"
-        )
-    ids = graph.source_ids or tuple(range(len(graph)))
-    computes = result.schedule.computes()
-    report: dict[str, Any] = {
-        "graph": graph.name,
-        "budget": budget,
-        "solver": result.solver,
-        "sequence": [ids[v] for v in computes],
-        "peak": trace.peak,
-        "duration": sum(graph[v].time for v in computes) + trace.stall,
-        "status": result.status,
-        "solve_seconds": result.solve_seconds,
-    }
-    transfers = [s for s in result.schedule.steps if isinstance(s, (Offload, Prefetch, Wait))]
-    if transfers:
-        report["steps"] = [
-            [type(s).__name__.lower(), ids[s.node]]
-            for s in result.schedule.steps
-            if not isinstance(s, Free)
-        ]
-    if result.gap is not None:
-        report["gap"] = result.gap
-    return report
-
-
-def random_layered_graph(n: int, width: int = 20, seed: int = 0) -> Graph:
-    """A random layered DAG like the literature's, of any size: layers of `width` nodes,
-    each reading 1-3 nodes of the previous 1-3 layers, with 1-1000 bytes and 1-100 time
-    units. The bundled random_layered graphs stop at 1000 nodes; the director's 10,000-node
-    target is measured on this one."""
-    rng = random.Random(seed)
-    nodes: list[Node] = []
-    layers: list[list[int]] = []
-    while len(nodes) < n:
-        layer = []
-        for _ in range(min(width, n - len(nodes))):
-            v = len(nodes)
-            pool = [u for previous in layers[-rng.randint(1, 3) :] for u in previous]
-            inputs = tuple(sorted(rng.sample(pool, min(len(pool), rng.randint(1, 3)))))
-            size, duration = rng.randint(1, 1000), float(rng.randint(1, 100))
-            nodes.append(
-                Node(id=v, name=f"n{v}", op="op", inputs=inputs, bytes=size, time=duration)
-            )
-            layer.append(v)
-        layers.append(layer)
-    return Graph(nodes=tuple(nodes), name=f"layered{n}")
+def resolve_budget(graph: Graph, budget: Budget | str | float) -> int:
+    """Bytes for a budget on the general problem (memplan.budget's grammar): a share is of
+    the reference order's peak P0, rounded up as the published protocol does,
+    B = ceil(m * P0)."""
+    return Budget.parse(budget).resolve(reference(graph).peak, of="the reference peak")

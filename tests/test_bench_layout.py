@@ -103,7 +103,7 @@ def test_the_zoo_models_are_built_at_the_head_to_head_sizes(monkeypatch):
         "rows": [],
     }
     assert (
-        "Zoo models (`memplan.zoo`) at the sizes of the head-to-head benchmark "
+        "Zoo models (`memplan.tools.zoo`) at the sizes of the head-to-head benchmark "
         f"([results](results.md), `benchmarks.models.SIZES`): resnet50 {listed}. Each is "
     ) in layout.markdown(data)
 

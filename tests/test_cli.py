@@ -15,14 +15,14 @@ import pytest
 import torch
 from torch import nn
 
-from memplan import cli as cli_module
-from memplan import solvers
+from memplan import api, solvers
 from memplan.cli import main
 from memplan.errors import PlanFileError
-from memplan.graph import format_bytes, load_node_link
-from memplan.planner.plan import Plan
-from memplan.report import plot_timeline
-from memplan.zoo import ZOO
+from memplan.node_link import load_node_link
+from memplan.planner.plan_file import Plan
+from memplan.tools.report import plot_timeline
+from memplan.tools.zoo import ZOO
+from memplan.units import format_bytes
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 REPO = Path(__file__).resolve().parents[1]
@@ -401,13 +401,13 @@ def test_plan_and_verify_gpt2_from_a_pt2(tmp_path, capsys):
 
 def test_verify_failure_exits_1(pt2, tmp_path, capsys, monkeypatch):
     # A plan whose prediction is off must fail the check: halve every prediction made.
-    real = cli_module.api.plan
+    real = api.plan
 
     def optimistic(*args: object, **kwargs: object) -> Plan:
         plan = real(*args, **kwargs)
         return dataclasses.replace(plan, predicted_peak=plan.predicted_peak // 2)
 
-    monkeypatch.setattr(cli_module.api, "plan", optimistic)
+    monkeypatch.setattr(api, "plan", optimistic)
     argv = ["plan", str(pt2), "--budget", "80%", "--no-measure", "-o", str(tmp_path / "p.json")]
     assert main([*argv, "--verify"]) == 1
     assert "from the predicted" in capsys.readouterr().err

@@ -8,11 +8,11 @@ import copy
 import pytest
 import torch
 
-from memplan.compare import checkpoint_blocks, pytorch_partitioned
 from memplan.errors import MemplanError
 from memplan.planner.measure import measure_peak
-from memplan.verify import compare_grads, resident_tensors, training_step
-from memplan.zoo import ResidualBlock, cnn, gpt2
+from memplan.tools.compare import checkpoint_blocks, pytorch_partitioned
+from memplan.tools.verify import compare_grads, resident_tensors, training_step
+from memplan.tools.zoo import ResidualBlock, cnn, gpt2
 
 CPU = torch.device("cpu")
 

@@ -19,7 +19,7 @@ from torch import nn
 
 import memplan
 from memplan.backends import MemplanBackend
-from memplan.planner.plan import Plan
+from memplan.planner.plan_file import Plan
 
 pytestmark = pytest.mark.skipif(
     not dist.is_available() or not dist.is_gloo_available(),

@@ -33,7 +33,8 @@ from torch import nn
 import memplan
 from memplan import cli as cli_module
 from memplan import remat
-from memplan.cli import load_model, main
+from memplan.budget import Budget
+from memplan.cli import main
 from memplan.errors import (
     BudgetError,
     GraphError,
@@ -43,9 +44,14 @@ from memplan.errors import (
     PlanFileError,
 )
 from memplan.files import write_json_atomically, write_together
-from memplan.graph import Budget, Compute, Schedule, SolveResult, load_node_link
-from memplan.planner.plan import Plan
-from memplan.solvers import SolverOptions, general
+from memplan.graph import Compute, Graph, Node, Schedule, SolveResult
+from memplan.node_link import load_node_link
+from memplan.planner import solve as solve_module
+from memplan.planner.model_file import load_model
+from memplan.planner.plan_file import Plan
+from memplan.planner.solve import Solved, provenance, solve_within_budget
+from memplan.simulate import simulate
+from memplan.solvers import SolverOptions
 
 REPO = Path(__file__).resolve().parents[1]
 GRAPHS = REPO / "benchmarks" / "graphs"
@@ -137,7 +143,8 @@ BAD_BUDGET_TEXTS = st.one_of(
 BAD_BUDGET_VALUES = st.one_of(
     BAD_BUDGET_TEXTS,
     st.floats(max_value=0),
-    st.sampled_from([math.nan, math.inf, -math.inf, 1e-300, 0.5]),  # 0.5 bytes: under 1 byte
+    # 1e-19 of a peak: under 1 byte of any peak a device could have
+    st.sampled_from([math.nan, math.inf, -math.inf, 1e-300, 1e-19]),
     st.integers(max_value=0),
     st.integers(min_value=2**63),
     st.sampled_from([None, True, False, [1], b"1GB", {"bytes": 1}]),
@@ -198,7 +205,7 @@ BELOW_LEAST = st.one_of(
     # The director's least peak on VGG16 is 13153337344 B, 0.83 of the reference peak.
     st.floats(min_value=1e-12, max_value=0.8).map(repr),
     st.integers(min_value=2, max_value=12 * 10**9).map(str),  # "1" is a share: all of it
-    st.sampled_from(["1e-999999999", "1e-30", "1 B", "1GiB", "50%"]),
+    st.sampled_from(["1e-9", "1 B", "1GiB", "50%"]),  # 1e-30 is no budget: under 1 byte
 )
 
 
@@ -207,7 +214,7 @@ BELOW_LEAST = st.one_of(
 def test_budgets_below_the_least_feasible_name_it(vgg, budget):
     bytes_ = remat.resolve_budget(vgg, budget)
     with pytest.raises(InfeasibleBudget) as raised:
-        general.solve(vgg, bytes_, "director", SolverOptions(time_limit=5))
+        solve_within_budget(vgg, bytes_, "director", SolverOptions(time_limit=5, problem="general"))
     assert raised.value.budget == bytes_ < raised.value.smallest_feasible
     with workdir() as tmp:
         output = tmp / "out" / "schedule.json"
@@ -218,7 +225,7 @@ def test_budgets_below_the_least_feasible_name_it(vgg, budget):
 
 
 @settings(max_examples=3, deadline=None)
-@given(budget=st.integers(min_value=1, max_value=1000))
+@given(budget=st.integers(min_value=2, max_value=1000))  # 1 is a share: all of the peak
 def test_the_api_names_the_least_feasible_budget(budget):
     model, inputs = _tiny()
     with pytest.raises(InfeasibleBudget) as raised:
@@ -641,34 +648,37 @@ def test_a_timed_out_exact_solver_says_which_schedule_it_returns(solver, seconds
             assert f"a gap of {report['gap']:.2%} to {solver}'s lower bound" in note
 
 
-def _result(**fields: Any) -> SolveResult:
+def _solved(note: str = "", **fields: Any) -> Solved:
+    """A solve of a one-node graph with `fields` in its result and `note` from the driver."""
+    graph = Graph(nodes=(Node(0, "a", "op", bytes=1),))
     schedule = Schedule(steps=(Compute(0),))
-    return SolveResult(**{"solver": "cpsat", "status": "feasible", "schedule": schedule,
-                          **fields})  # fmt: skip
+    result = SolveResult(**{"solver": "cpsat", "status": "feasible", "schedule": schedule,
+                            **fields})  # fmt: skip
+    return Solved(result, simulate(graph, schedule), 1, note)
 
 
 @pytest.mark.parametrize(
-    ("result", "expected"),
+    ("solved", "expected"),
     [
-        (_result(status="optimal"), None),
-        (_result(solver="director", message="cpsat found none; director's"), "director's"),
+        (_solved(status="optimal"), None),
+        (_solved("cpsat found none; director's", solver="director"), "director's"),
         (
-            _result(message="the director's starting schedule: cpsat found none", gap=0.25),
+            _solved(message="the director's starting schedule: cpsat found none", gap=0.25),
             "the director's starting schedule: cpsat found none; a gap of 25.00% to cpsat's",
         ),
         (
-            _result(gap=0.0154),
+            _solved(gap=0.0154),
             "cpsat did not prove this schedule optimal within 2 s: it is the best cpsat found "
             "(feasible), with a gap of 1.54% to cpsat's lower bound",
         ),
-        (_result(gap=None), "(feasible), with no lower bound from cpsat"),
+        (_solved(gap=None), "(feasible), with no lower bound from cpsat"),
     ],
 )
-def test_provenance_says_which_schedule_a_solve_returns(result, expected):
-    note = general.provenance(result, "cpsat", SolverOptions(time_limit=2))
+def test_provenance_says_which_schedule_a_solve_returns(solved, expected):
+    note = provenance(solved, "cpsat", SolverOptions(time_limit=2))
     assert note is None if expected is None else expected in note
-    heuristic = SolveResult(solver="director", status="feasible", schedule=None)
-    assert general.provenance(heuristic, "director", SolverOptions()) is None
+    heuristic = _solved(solver="director")
+    assert provenance(heuristic, "director", SolverOptions()) is None
 
 
 def test_the_directors_least_memory_schedule_stands_in_where_its_search_missed(vgg, monkeypatch):
@@ -679,24 +689,25 @@ def test_the_directors_least_memory_schedule_stands_in_where_its_search_missed(v
     budget = remat.reference(vgg).peak
 
     def fake(name: str) -> Any:
-        def solve(graph: Any, budget: int, options: SolverOptions) -> SolveResult:
-            found = name == "director" and options.minimize_memory
+        def solve(graph: Any, budget: int | None, options: SolverOptions) -> SolveResult:
+            found = name == "director" and budget is None
             return SolveResult(name, "feasible" if found else "infeasible",
                                everything if found else None)  # fmt: skip
 
         return solve
 
-    monkeypatch.setattr(general, "get_solver", fake)
+    monkeypatch.setattr(solve_module, "get_solver", fake)
+    general = SolverOptions(problem="general")
     for solver in ("cpsat", "director"):
-        result = general.solve(vgg, budget, solver, SolverOptions())
-        assert result.schedule == everything and result.status == "feasible"
-        note = general.provenance(result, solver, SolverOptions())
+        solved = solve_within_budget(vgg, budget, solver, general)
+        assert solved.result.schedule == everything and solved.result.status == "feasible"
+        note = provenance(solved, solver, general)
         assert note == (
             f"{solver} found no schedule within the budget (infeasible); "
             "this is the director's least-memory schedule"
         )
     with pytest.raises(InfeasibleBudget) as raised:
-        general.solve(vgg, budget - 1, "cpsat", SolverOptions())
+        solve_within_budget(vgg, budget - 1, "cpsat", general)
     assert (raised.value.smallest_feasible, raised.value.solver) == (budget, "director")
 
 
@@ -775,7 +786,7 @@ def test_a_bug_is_one_line_and_exit_status_3(tmp_path, monkeypatch):
     def broken(*_: object) -> SolveResult:
         raise ZeroDivisionError("float division by zero")
 
-    monkeypatch.setattr(general, "solve", broken)
+    monkeypatch.setattr(cli_module, "solve_within_budget", broken)
     output = tmp_path / "out" / "schedule.json"
     run = run_cli(solve_argv(VGG, "0.9", output))
     assert run.code == 3

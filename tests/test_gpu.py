@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import memplan
-from memplan.verify import verify
-from memplan.zoo import ZOO, Example
+from memplan.tools.verify import verify
+from memplan.tools.zoo import ZOO, Example
 
 pytestmark = [
     pytest.mark.gpu,

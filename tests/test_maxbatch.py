@@ -9,11 +9,11 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from memplan import maxbatch
 from memplan.cli import main
 from memplan.errors import MemplanError
-from memplan.verify import resident_tensors, training_step
-from memplan.zoo import mlp
+from memplan.tools import batch_search, maxbatch
+from memplan.tools.verify import resident_tensors, training_step
+from memplan.tools.zoo import mlp
 
 CPU = torch.device("cpu")
 CAP = 3 << 20  # 3 MiB: the MLP's parameters and gradients are under 0.7 MiB
@@ -105,12 +105,12 @@ def test_bad_arguments_are_memplan_errors(kwargs, message):
 def test_builder_names_a_zoo_model_or_a_function():
     model, inputs = maxbatch.builder("mlp")(5)
     assert isinstance(model, torch.nn.Module) and inputs[0].shape[0] == 5
-    model, inputs = maxbatch.builder("memplan.zoo:cnn")(3)
+    model, inputs = maxbatch.builder("memplan.tools.zoo:cnn")(3)
     assert isinstance(model, torch.nn.Module) and inputs[0].shape[0] == 3
     with pytest.raises(MemplanError, match="unknown model"):
         maxbatch.builder("alexnet")
     with pytest.raises(MemplanError, match="cannot load"):
-        maxbatch.builder("memplan.zoo:nothing_here")
+        maxbatch.builder("memplan.tools.zoo:nothing_here")
 
 
 def test_cli_writes_each_methods_largest_batch(tmp_path, capsys):
@@ -143,15 +143,15 @@ def test_cli_bad_input_is_one_line(tmp_path, capsys, argv, message):
 
 def fake_attempt(
     runs_up_to: int, fast_from: int, fast_up_to: int
-) -> Callable[[int], maxbatch.Probe]:
+) -> Callable[[int], batch_search.Probe]:
     """A method that runs under the cap up to `runs_up_to` and is fast enough between
     `fast_from` and `fast_up_to`: small batches waste the device, large ones recompute."""
 
-    def attempt(batch: int) -> maxbatch.Probe:
+    def attempt(batch: int) -> batch_search.Probe:
         if batch > runs_up_to:
-            return maxbatch.Probe(batch, False, reason="out of memory")
+            return batch_search.Probe(batch, False, reason="out of memory")
         fast = fast_from <= batch <= fast_up_to
-        return maxbatch.Probe(batch, fast, "fake", 0.01 * batch, "" if fast else "too slow")
+        return batch_search.Probe(batch, fast, "fake", 0.01 * batch, "" if fast else "too slow")
 
     return attempt
 
@@ -170,7 +170,7 @@ def test_search_finds_the_largest_batch_under_both_limits(
     runs_up_to, fast_from, fast_up_to, expected
 ):
     tried: list[int] = []
-    found = maxbatch._search(
+    found = batch_search.search(
         "fake",
         fake_attempt(runs_up_to, fast_from, fast_up_to),
         CAP,

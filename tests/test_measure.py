@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from memplan.passes.host_memory import host_allocations
 from memplan.planner.measure import (
     LiveStorageTracker,
     Measurement,
-    host_allocations,
     mark_host,
     measure_peak,
     median_step_seconds,

@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from strategies import chain_graph
 
+from memplan.budget import Budget
 from memplan.errors import PlanFileError
-from memplan.graph import Budget
-from memplan.planner.plan import _PLAN_FIELDS, PLAN_FORMAT, Plan, PlanOptions, plan_graph
+from memplan.planner.options import PlanOptions
+from memplan.planner.plan import plan_graph
+from memplan.planner.plan_file import _PLAN_FIELDS, PLAN_FORMAT, Plan
 
 
 def hand_made_plan() -> Plan:
@@ -67,7 +68,7 @@ def test_solved_plan_round_trips_through_a_file(tmp_path: Path):
     # a plan as the pipeline makes it, from a 3-layer chain planned on the CPU
     graph = chain_graph(3, act_bytes=100, param_bytes=1)
     options = PlanOptions(progress=False)
-    plan, schedule = plan_graph(graph, Budget.parse("90%"), options, device=torch.device("cpu"))
+    plan, schedule = plan_graph(graph, Budget.parse("90%"), options, device="cpu")
     assert plan.predicted_peak <= plan.budget < plan.unplanned_peak
     assert len(plan.timeline) == len(schedule.steps)
     plan.save(tmp_path / "plan.json")

@@ -13,8 +13,10 @@ from hypothesis import strategies as st
 
 from memplan import remat
 from memplan.errors import GraphError, InvalidSchedule
-from memplan.graph import Graph, Node, SolveResult, load_node_link
-from memplan.planner.simulate import simulate
+from memplan.graph import Graph, Node, SolveResult
+from memplan.node_link import load_node_link
+from memplan.schedule_file import solved_schedule
+from memplan.simulate import simulate
 
 GRAPHS = Path(__file__).resolve().parents[1] / "benchmarks" / "graphs"
 ALL_GRAPHS = sorted(GRAPHS.glob("*.json"))
@@ -140,11 +142,11 @@ def test_solved_schedule_names_file_ids_and_refuses_a_false_claim():
     schedule = remat.to_schedule(graph, range(len(graph)))
     peak = remat.reference(graph).peak
     ok = SolveResult(solver="keep_all", status="feasible", schedule=schedule)
-    report = remat.solved_schedule(graph, peak, ok)
+    report = solved_schedule(graph, peak, ok)
     assert report["sequence"] == list(graph.source_ids)
     assert (report["peak"], report["duration"]) == PUBLISHED["random_layered_n100"]
     with pytest.raises(InvalidSchedule, match="over the budget"):
-        remat.solved_schedule(graph, peak - 1, ok)
+        solved_schedule(graph, peak - 1, ok)
 
 
 def write(tmp_path: Path, data: object, name: str = "g.json") -> Path:

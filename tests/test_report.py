@@ -12,8 +12,8 @@ from matplotlib.colors import to_rgba
 from rich.console import Console
 
 from memplan.errors import MemplanError
-from memplan.planner.plan import Plan
-from memplan.report import MIB, placement_figure, placement_plot, summary_table
+from memplan.planner.plan_file import Plan
+from memplan.tools.report import MIB, placement_figure, placement_plot, summary_table
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

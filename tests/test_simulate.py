@@ -20,7 +20,7 @@ from memplan.graph import (
     Wait,
     with_frees,
 )
-from memplan.planner.simulate import simulate
+from memplan.simulate import simulate
 
 PARAM, INPUT, TANGENT = NodeKind.PARAM, NodeKind.INPUT, NodeKind.TANGENT
 C, F, Off, P, W = Compute, Free, Offload, Prefetch, Wait

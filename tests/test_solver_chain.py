@@ -6,7 +6,6 @@ simulator. No torch, except where the zoo model is captured."""
 from __future__ import annotations
 
 import copy
-import dataclasses
 import itertools
 import time
 from collections.abc import Callable
@@ -18,25 +17,16 @@ from hypothesis import strategies as st
 from strategies import chain_graph, random_graphs, training_graphs
 
 from memplan import remat
-from memplan.graph import Compute, Decision, Graph, Node, NodeKind, SolveResult, load_node_link
-from memplan.planner.simulate import simulate
+from memplan.graph import Compute, Decision, Graph, Node, NodeKind, SolveResult
+from memplan.node_link import load_node_link
+from memplan.simulate import simulate
 from memplan.solvers import SolverOptions, get_solver
 from memplan.solvers.baselines import chen_sqrt
-from memplan.solvers.chain import (
-    Selection,
-    build_chain,
-    carry_out,
-    chain_dp,
-    cut_points,
-    forward_nodes,
-    linear,
-    sequence_for_checkpoints,
-)
+from memplan.solvers.chain import Selection, build_chain, cut_points, forward_nodes
+from memplan.solvers.chain_dp import carry_out, chain_dp, linear, sequence_for_checkpoints
 
 TRAINING = SolverOptions()
 GENERAL = SolverOptions(problem="general")
-LEAST_GENERAL = SolverOptions(problem="general", minimize_memory=True)
-LEAST_TRAINING = SolverOptions(minimize_memory=True)
 PROPERTY = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SHARED = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "graphs").glob("*.json"))
 BIG = 10**12
@@ -148,17 +138,15 @@ def judged(graph: Graph, result, budget: int) -> int:
 
 def assert_monotone(
     graph: Graph,
-    solver: Callable[[Graph, int, SolverOptions], SolveResult],
+    solver: Callable[[Graph, int | None, SolverOptions], SolveResult],
     options: SolverOptions,
     shares: list[float],
 ) -> None:
-    """Solve with minimize_memory and at budgets around the least peak and at `shares` of
+    """Solve for the least peak (budget None), at budgets around it and at `shares` of
     keep_all's peak: every status agrees with the simulated peak; every budget from the
     least peak up is met and none below it; a larger budget never gives a slower
     schedule; and at keep_all's peak, chain_dp recomputes nothing."""
-    least = judged(
-        graph, solver(graph, BIG, dataclasses.replace(options, minimize_memory=True)), BIG
-    )
+    least = judged(graph, solver(graph, None, options), BIG)
     eager = simulate(graph, get_solver("keep_all")(graph, 0, options).schedule)
     budgets = {least - 1, least, eager.peak, *(int(share * eager.peak) for share in shares)}
     slowest = float("inf")
@@ -273,7 +261,7 @@ def test_model_is_the_simulators_peak_on_mirrored_chains(graph):
 @PROPERTY
 @given(mirrored_chains())
 def test_chain_dp_least_peak_matches_exhaustive_search(graph):
-    result = chain_dp(graph, BIG, LEAST_GENERAL)
+    result = chain_dp(graph, None, GENERAL)
     assert result.status == "feasible"
     assert judged(graph, result, BIG) == min(peak for peak, _ in exhaustive(graph))
 
@@ -304,7 +292,7 @@ def test_chain_dp_on_sixteen_stages_matches_exhaustive_search_over_the_model():
     chain = build_chain(graph, "general")
     subsets = [s for r in range(stages) for s in itertools.combinations(range(1, stages), r)]
     peaks = [chain.model_peak(s) for s in subsets]
-    least = chain_dp(graph, BIG, LEAST_GENERAL)
+    least = chain_dp(graph, None, GENERAL)
     assert judged(graph, least, BIG) == min(peaks)
     budget = (min(peaks) + max(peaks)) // 2
     result = chain_dp(graph, budget, GENERAL)
@@ -320,27 +308,27 @@ def test_chain_dp_on_sixteen_stages_matches_exhaustive_search_over_the_model():
 @PROPERTY
 @given(mirrored_chains(max_stages=12))
 def test_linear_is_never_below_the_least_peak(graph):
-    least = judged(graph, chain_dp(graph, BIG, LEAST_GENERAL), BIG)
-    assert judged(graph, linear(graph, BIG, LEAST_GENERAL), BIG) >= least
+    least = judged(graph, chain_dp(graph, None, GENERAL), BIG)
+    assert judged(graph, linear(graph, None, GENERAL), BIG) >= least
 
 
 @pytest.mark.parametrize("layers", [1, 4, 9, 16, 25])
 def test_linear_is_never_worse_than_chen_sqrt_on_chains(layers):
     graph = chain_graph(layers, act_bytes=50, param_bytes=3)
-    chen = simulate(graph, chen_sqrt(graph, BIG, LEAST_TRAINING).schedule).peak
-    assert judged(graph, linear(graph, BIG, LEAST_TRAINING), BIG) <= chen
+    chen = simulate(graph, chen_sqrt(graph, None, TRAINING).schedule).peak
+    assert judged(graph, linear(graph, None, TRAINING), BIG) <= chen
     # chain_dp's model counts the parameter gradients the backward accumulates, and on
     # these chains its least peak is below chen_sqrt's too (414 B against 423 B on 16)
-    assert judged(graph, chain_dp(graph, BIG, LEAST_TRAINING), BIG) <= chen
+    assert judged(graph, chain_dp(graph, None, TRAINING), BIG) <= chen
 
 
 @PROPERTY
 @given(training_graphs(max_layers=8))
 def test_training_schedules_are_accepted_by_the_simulator(graph):
-    chen = simulate(graph, chen_sqrt(graph, BIG, LEAST_TRAINING).schedule).peak
-    assert judged(graph, linear(graph, BIG, LEAST_TRAINING), BIG) <= chen
+    chen = simulate(graph, chen_sqrt(graph, None, TRAINING).schedule).peak
+    assert judged(graph, linear(graph, None, TRAINING), BIG) <= chen
     for solver in (chain_dp, linear):
-        least = judged(graph, solver(graph, BIG, LEAST_TRAINING), BIG)
+        least = judged(graph, solver(graph, None, TRAINING), BIG)
         judged(graph, solver(graph, least, SolverOptions()), least)
         judged(graph, solver(graph, max(1, least - 1), SolverOptions()), max(1, least - 1))
 
@@ -349,7 +337,7 @@ def test_training_schedules_are_accepted_by_the_simulator(graph):
 @given(random_graphs(), SOLVERS)
 def test_general_schedules_on_random_graphs_are_accepted_by_the_simulator(graph, solver):
     # multi-output nodes, views and outputs anywhere; the simulator raises on an invalid one
-    least = judged(graph, solver(graph, BIG, LEAST_GENERAL), BIG)
+    least = judged(graph, solver(graph, None, GENERAL), BIG)
     judged(graph, solver(graph, least, GENERAL), least)
 
 
@@ -370,7 +358,7 @@ def test_an_output_is_never_dropped_and_recomputed():
     graph = Graph(nodes=nodes, outputs=(3, 6))
     assert 3 not in sequence_for_checkpoints(graph, {2, 6, 8})[4:]
     for solver in (chain_dp, linear):
-        judged(graph, solver(graph, BIG, LEAST_GENERAL), BIG)
+        judged(graph, solver(graph, None, GENERAL), BIG)
 
 
 def test_gap_of_linear_to_chain_dp_on_a_few_chains():
@@ -379,8 +367,8 @@ def test_gap_of_linear_to_chain_dp_on_a_few_chains():
         sizes = [(seed * 13 + 7 * k) % 41 + 5 for k in range(14)]
         grads = [(seed * 3 + 5 * k) % 19 + 3 for k in range(14)]
         graph = mirrored_chain(sizes, grads, [1.0] * 14)
-        least = judged(graph, chain_dp(graph, BIG, LEAST_GENERAL), BIG)
-        greedy = judged(graph, linear(graph, BIG, LEAST_GENERAL), BIG)
+        least = judged(graph, chain_dp(graph, None, GENERAL), BIG)
+        greedy = judged(graph, linear(graph, None, GENERAL), BIG)
         assert least <= greedy <= 1.15 * least
 
 
@@ -409,10 +397,11 @@ def test_chain_solvers_are_monotone_on_mirrored_chains(graph, solver):
 @pytest.fixture(scope="module")
 def zoo_cnn() -> Graph:
     """The zoo's CNN traced and profiled as the pipeline does (benchmarks.training_solvers)."""
-    from memplan.graph import Budget
+    from memplan.budget import Budget
     from memplan.planner.capture import compile_training_step
-    from memplan.planner.plan import Partitioner, PlanOptions
-    from memplan.zoo import ZOO
+    from memplan.planner.options import PlanOptions
+    from memplan.planner.plan import Partitioner
+    from memplan.tools.zoo import ZOO
 
     example = ZOO["cnn"]()
     partitioner = Partitioner(Budget.parse("100%"), PlanOptions(progress=False), name="cnn")
@@ -429,7 +418,7 @@ def test_chain_solvers_are_monotone_on_the_zoo_cnn(zoo_cnn, solver):
     assert_monotone(zoo_cnn, solver, TRAINING, shares)
     if solver is chain_dp:
         eager = simulate(zoo_cnn, get_solver("keep_all")(zoo_cnn, 0, TRAINING).schedule).peak
-        least = judged(zoo_cnn, chain_dp(zoo_cnn, BIG, LEAST_TRAINING), BIG)
+        least = judged(zoo_cnn, chain_dp(zoo_cnn, None, TRAINING), BIG)
         assert least <= 0.55 * eager
 
 

@@ -10,10 +10,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import chain_graph, training_graphs
 
+from benchmarks.layered import random_layered_graph
 from memplan import remat
 from memplan.errors import GraphError
-from memplan.graph import Decision, Graph, Node, load_node_link
-from memplan.planner.simulate import simulate
+from memplan.graph import Decision, Graph, Node
+from memplan.node_link import load_node_link
+from memplan.simulate import simulate
 from memplan.solvers import SolverOptions
 from memplan.solvers.director import solve
 
@@ -150,19 +152,19 @@ def test_general_minimize_memory_goes_below_the_budgeted_peak():
     graph = load_node_link(GRAPHS / "random_layered_n100.json")
     budget = remat.resolve_budget(graph, "0.9")
     _, budgeted = check_general(graph, budget)
-    least = solve(graph, budget, SolverOptions(problem="general", minimize_memory=True))
+    least = solve(graph, None, SolverOptions(problem="general"))
     assert simulate(graph, least.schedule).peak <= budgeted
 
 
 def test_general_is_deterministic_per_seed():
-    graph = remat.random_layered_graph(400, seed=1)
+    graph = random_layered_graph(400, seed=1)
     budget = remat.resolve_budget(graph, "0.9")
     first, second = solve(graph, budget, GENERAL), solve(graph, budget, GENERAL)
     assert first.schedule is not None and first.schedule == second.schedule
 
 
 def test_general_scales_to_2000_nodes():
-    graph = remat.random_layered_graph(2000)
+    graph = random_layered_graph(2000)
     started = time.perf_counter()
     check_general(graph, remat.resolve_budget(graph, "0.8"))
     assert time.perf_counter() - started < 5.0  # generous: about 0.7 s here
@@ -170,7 +172,7 @@ def test_general_scales_to_2000_nodes():
 
 @pytest.mark.slow
 def test_general_scales_to_10000_nodes():
-    graph = remat.random_layered_graph(10_000)
+    graph = random_layered_graph(10_000)
     for share in ("0.9", "0.8"):
         started = time.perf_counter()
         solve(graph, remat.resolve_budget(graph, share), GENERAL)

@@ -20,9 +20,10 @@ pytest.importorskip("ortools")
 from test_solver_milp import random_dag  # literature-style DAGs, up to three inputs each
 
 from memplan import remat
-from memplan.graph import Graph, Node, Offload, Prefetch, SolveResult, load_node_link
-from memplan.planner.simulate import MemoryTrace, simulate
-from memplan.solvers import SolverOptions, cpsat, milp
+from memplan.graph import Graph, Node, Offload, Prefetch, SolveResult
+from memplan.node_link import load_node_link
+from memplan.simulate import MemoryTrace, simulate
+from memplan.solvers import SolverOptions, cpsat, cpsat_remat, milp
 
 EXACT = {"milp": milp.solve, "cpsat": cpsat.solve}
 VGG16 = (
@@ -153,7 +154,7 @@ def test_milp_and_cpsat_agree_where_their_optima_lie_in_both_models() -> None:
             by_cpsat = cpsat.solve(graph, budget, options())
             if by_milp.status != "optimal" or by_cpsat.status != "optimal":
                 continue
-            if copies_within(by_milp.schedule.computes(), graph, cpsat.COPIES):
+            if copies_within(by_milp.schedule.computes(), graph, cpsat_remat.COPIES):
                 assert by_cpsat.objective <= by_milp.objective, (seed, share)
                 compared += 1
             if in_checkmate_stages(by_cpsat.schedule.computes()):

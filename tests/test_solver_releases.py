@@ -15,7 +15,7 @@ from strategies import chain_graph, training_graphs
 
 from memplan.errors import InvalidSchedule
 from memplan.graph import Graph
-from memplan.planner.simulate import simulate
+from memplan.simulate import simulate
 from memplan.solvers import SolverOptions, get_solver
 from memplan.solvers.releases import ReleaseModel
 from memplan.solvers.training import saved_storages, simulate_decisions

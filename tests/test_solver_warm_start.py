@@ -14,9 +14,18 @@ pytest.importorskip("pulp")
 pytest.importorskip("ortools")
 
 from memplan import remat
-from memplan.graph import Graph, Node, SolveResult, load_node_link
-from memplan.planner.simulate import simulate
-from memplan.solvers import SolverOptions, cpsat, milp, warm_start
+from memplan.graph import Graph, Node, SolveResult
+from memplan.node_link import load_node_link
+from memplan.simulate import simulate
+from memplan.solvers import (
+    SolverOptions,
+    cpsat,
+    cpsat_remat,
+    milp,
+    milp_extract,
+    milp_model,
+    warm_start,
+)
 
 GRAPHS = Path(__file__).resolve().parents[1] / "benchmarks" / "graphs"
 FALLBACK = "the director's starting schedule"
@@ -44,9 +53,9 @@ def started_model(graph: Graph, budget: int, options: SolverOptions):
 
     start = warm_start.director_sequence(graph, budget, options)
     assert start is not None
-    stages = milp._Stages.of(graph)
-    model = milp._build(pulp, stages, budget, deadline=float("inf"))
-    assert model is not None and milp._set_start(stages, model, start)
+    stages = milp_model.Stages.of(graph)
+    model = milp_model.build(pulp, stages, budget, deadline=float("inf"))
+    assert model is not None and milp_model.set_start(stages, model, start)
     return start, stages, model
 
 
@@ -78,9 +87,9 @@ def test_milp_start_values_satisfy_the_model():
     for variable in model.problem.variables():
         if variable.varValue is not None:
             variable.lowBound = variable.upBound = variable.varValue
-    model.problem.solve(milp._backend(pulp, 60.0, options, started=False))
+    model.problem.solve(milp.backend(pulp, 60.0, options, started=False))
     assert pulp.LpStatus[model.problem.status] == "Optimal"
-    decoded = milp._decode(graph, stages, model).computes()
+    decoded = milp_extract.decode(graph, stages, model).computes()
     assert sorted(decoded) == sorted(start)  # the same computations, stage by stage
     assert remat.score(graph, decoded).peak <= budget
 
@@ -90,9 +99,9 @@ def test_milp_start_keeps_an_output_that_later_nodes_read():
     import pulp
 
     graph = dataclasses.replace(chain(4), outputs=(1, 3))
-    stages = milp._Stages.of(graph)
-    model = milp._build(pulp, stages, budget=100, deadline=float("inf"))
-    assert model is not None and milp._set_start(stages, model, [0, 1, 2, 3])
+    stages = milp_model.Stages.of(graph)
+    model = milp_model.build(pulp, stages, budget=100, deadline=float("inf"))
+    assert model is not None and milp_model.set_start(stages, model, [0, 1, 2, 3])
 
 
 def test_milp_stages_cannot_express_a_sequence_out_of_node_order():
@@ -106,12 +115,12 @@ def test_milp_stages_cannot_express_a_sequence_out_of_node_order():
     )
     import pulp
 
-    stages = milp._Stages.of(graph)
-    model = milp._build(pulp, stages, budget=3, deadline=float("inf"))
+    stages = milp_model.Stages.of(graph)
+    model = milp_model.build(pulp, stages, budget=3, deadline=float("inf"))
     assert model is not None
-    assert milp._set_start(stages, model, [0, 1, 2])
-    assert not milp._set_start(stages, model, [1, 0, 2])  # b first: no stage computes it
-    assert not milp._set_start(stages, model, [0, 1, 2, 0])  # a recomputation after the end
+    assert milp_model.set_start(stages, model, [0, 1, 2])
+    assert not milp_model.set_start(stages, model, [1, 0, 2])  # b first: no stage computes it
+    assert not milp_model.set_start(stages, model, [0, 1, 2, 0])  # a recomputation after the end
 
 
 def test_cpsat_hinted_by_the_director_finds_a_point_on_the_100_node_graph():
@@ -121,7 +130,7 @@ def test_cpsat_hinted_by_the_director_finds_a_point_on_the_100_node_graph():
     graph, budget = shared("random_layered_n100", 0.9)
     options = SolverOptions(problem="general", time_limit=5.0)
     start = warm_start.director_sequence(graph, budget, options)
-    assert start is not None and max(Counter(start).values()) <= cpsat.COPIES
+    assert start is not None and max(Counter(start).values()) <= cpsat_remat.COPIES
     result = cpsat.solve(graph, budget, options)
     assert result.status == "feasible" and FALLBACK not in result.message
     assert result.schedule is not None
@@ -186,7 +195,7 @@ def test_keep_faster_keeps_a_result_that_ties_the_start_up_to_rounding():
 def test_no_start_when_minimizing_memory_or_over_the_budget():
     graph = chain(4)
     assert warm_start.director_sequence(graph, 100, SolverOptions(problem="general")) is not None
-    least = SolverOptions(problem="general", minimize_memory=True)
-    assert warm_start.director_sequence(graph, 100, least) is None
+    general = SolverOptions(problem="general")
+    assert warm_start.director_sequence(graph, None, general) is None
     # Every sequence holds a node and its input: 8 B.
     assert warm_start.director_sequence(graph, 7, SolverOptions(problem="general")) is None

@@ -11,18 +11,8 @@ from hypothesis import strategies as st
 from strategies import chain_graph, training_graphs
 
 from memplan.errors import InvalidSchedule, UnknownSolver, UnsupportedProblem
-from memplan.graph import (
-    Compute,
-    Decision,
-    Free,
-    Graph,
-    Node,
-    NodeKind,
-    Offload,
-    Prefetch,
-    Wait,
-)
-from memplan.planner.simulate import simulate
+from memplan.graph import Compute, Decision, Free, Graph, Node, NodeKind, Offload, Prefetch, Wait
+from memplan.simulate import simulate
 from memplan.solvers import REGISTRY, SolverOptions, available, get_solver
 from memplan.solvers.baselines import chen_sqrt, keep_all
 from memplan.solvers.greedy import solve as greedy
@@ -75,7 +65,7 @@ def test_unknown_solver_names_the_available_ones():
 def test_solver_options_to_json():
     options = SolverOptions(seed=3, bandwidth=1e9)
     assert options.to_json() == {
-        "seed": 3, "time_limit": 60.0, "bandwidth": 1e9, "minimize_memory": False,
+        "seed": 3, "time_limit": 60.0, "bandwidth": 1e9,
         "problem": "training",
     }  # fmt: skip
 
@@ -220,7 +210,7 @@ def test_chen_sqrt_keeps_what_cannot_be_recomputed():
 def test_greedy_meets_a_budget_between_its_minimum_and_keep_all():
     g = chain_graph(8, act_bytes=100, param_bytes=1)
     full = peak_of(g, keep_all(g, 10**9, NO_LINK))
-    least = peak_of(g, greedy(g, 1, SolverOptions(minimize_memory=True)))
+    least = peak_of(g, greedy(g, None, SolverOptions()))
     assert least < full
     for budget in (least, (least + full) // 2, full - 1):
         result = greedy(g, budget, NO_LINK)
@@ -230,7 +220,7 @@ def test_greedy_meets_a_budget_between_its_minimum_and_keep_all():
 
 def test_greedy_reports_infeasible_with_its_least_peak():
     g = chain_graph(4, act_bytes=100, param_bytes=1)
-    least = peak_of(g, greedy(g, 1, SolverOptions(minimize_memory=True)))
+    least = peak_of(g, greedy(g, None, SolverOptions()))
     result = greedy(g, least - 1, NO_LINK)
     assert result.status == "infeasible"
     assert f"least peak found: {least} B" in result.message
@@ -239,8 +229,8 @@ def test_greedy_reports_infeasible_with_its_least_peak():
 
 def test_greedy_offloads_over_a_fast_link_instead_of_recomputing():
     g = chain_graph(4, act_bytes=100, param_bytes=1)
-    options = SolverOptions(bandwidth=1e6, minimize_memory=True)  # 100 B copies take 0.1 ms
-    result = greedy(g, 1, options)
+    options = SolverOptions(bandwidth=1e6)  # 100 B copies take 0.1 ms
+    result = greedy(g, None, options)
     assert Decision.OFFLOAD in result.decisions.values()
     assert Decision.RECOMPUTE not in result.decisions.values()
     trace = simulate(g, result.schedule, bandwidth=1e6)
@@ -293,9 +283,7 @@ def test_every_solver_schedule_is_accepted_by_the_simulator(g, bandwidth, share)
 @PROPERTY
 @given(training_graphs(), st.sampled_from([None, 20.0]))
 def test_greedy_meets_its_own_least_peak(g, bandwidth):
-    least = peak_of(
-        g, greedy(g, 1, SolverOptions(bandwidth=bandwidth, minimize_memory=True)), bandwidth
-    )
+    least = peak_of(g, greedy(g, None, SolverOptions(bandwidth=bandwidth)), bandwidth)
     assert least <= peak_of(g, keep_all(g, 10**12, _options(bandwidth)), bandwidth)
     result = greedy(g, least, _options(bandwidth))
     assert result.status == "feasible"

@@ -1,4 +1,4 @@
-"""memplan.verify: it passes a sound plan and catches each way a plan can be wrong."""
+"""memplan.tools.verify: it passes a sound plan and catches each way a plan can be wrong."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 import memplan
-from memplan.verify import verify
-from memplan.zoo import mlp
+from memplan.tools.verify import verify
+from memplan.tools.zoo import mlp
 
 
 def _model() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:

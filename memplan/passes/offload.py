@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from memplan.planner.measure import host_allocations
+from memplan.passes.host_memory import host_allocations
 
 # host tensor or prefetched tensor -> the event its copy recorded on the copy stream
 _copy_done = WeakIdKeyDictionary()

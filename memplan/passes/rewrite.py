@@ -1,5 +1,8 @@
 """Rewrite: a Schedule applied to the joint graph -> forward and backward GraphModules.
 
+A Lowered (what planner/lower.py makes of a joint graph: the Graph and the fx nodes its
+ids stand for) is what the rewrite reads the joint graph through.
+
 The forward runs the schedule's forward steps and returns the forward outputs followed by
 the values the backward reads (kept tensors and host copies). The backward takes those
 and the tangents, and runs the backward steps in order: a forward op computed again is a
@@ -8,18 +11,47 @@ copy named `recompute_*`, a transfer is `offload_*` (forward), `prefetch_*` and 
 
 from __future__ import annotations
 
+import hashlib
 import operator
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from memplan.graph import Compute, Free, NodeKind, Offload, Prefetch, Schedule, Step, Wait
+from memplan.graph import Compute, Free, Graph, NodeKind, Offload, Prefetch, Schedule, Step, Wait
 from memplan.passes import offload as offload_ops
-from memplan.passes.substitutes import SUBSTITUTES, substitute
-from memplan.planner.lower import Lowered
+from memplan.passes.recompute import SUBSTITUTES, substitute
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """A Graph and the fx nodes its ids stand for (fx_nodes[i] is node i)."""
+
+    graph: Graph
+    joint: fx.GraphModule
+    fx_nodes: tuple[fx.Node, ...]
+    num_fwd_outputs: int
+
+    @property
+    def device(self) -> torch.device:
+        """The device the traced tensors live on."""
+        for n in self.fx_nodes:
+            val = n.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                return val.device
+        return torch.device("cpu")
+
+    @property
+    def fingerprint(self) -> str:
+        """Identifies the graph a plan was made for: names, ops, edges and bytes."""
+        digest = hashlib.sha256()
+        for node in self.graph:
+            digest.update(f"{node.name}|{node.op}|{node.inputs}|{node.bytes};".encode())
+        return digest.hexdigest()[:16]
 
 
 def rewrite(

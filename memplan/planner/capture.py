@@ -9,12 +9,8 @@ torch.compile alike.
 from __future__ import annotations
 
 import contextlib
-import io
-import os
-import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,9 +21,7 @@ from torch._functorch.aot_autograd import (
     aot_export_joint_with_descriptors,
 )
 
-from memplan.errors import ModelFileError, UnsupportedModel
-
-_FORCE_WEIGHTS_ONLY = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"  # read by torch.load on each call
+from memplan.errors import UnsupportedModel, first_line
 
 # AOTAutograd's partition hook: (joint_module, joint_inputs, *, num_fwd_outputs, ...) -> (fw, bw)
 PartitionFn = Callable[..., tuple[torch.fx.GraphModule, torch.fx.GraphModule]]
@@ -56,7 +50,9 @@ def _exported(
         except UnsupportedModel:
             raise
         except Exception as error:  # torch raises many types; name what failed
-            raise UnsupportedModel(type(model).__name__, _first_line(error)) from error
+            raise UnsupportedModel(
+                type(model).__name__, f"{type(error).__name__}: {first_line(error)}"
+            ) from error
         yield joint
 
 
@@ -102,57 +98,3 @@ def compile_training_step(
             param_names=list(joint.params_spec),
             buffer_names=list(joint.buffers_spec),
         )
-
-
-def load_exported(path: str | Path) -> torch.export.ExportedProgram:
-    """Load a torch.export .pt2 program; a clear ModelFileError if it is missing or corrupt."""
-    path = Path(path)
-    if not path.is_file():
-        raise ModelFileError(f"{path}: no such file")
-    data = path.read_bytes()
-    if not zipfile.is_zipfile(io.BytesIO(data)):
-        raise ModelFileError(f"{path}: not a torch.export .pt2 archive (not a zip file)")
-    try:
-        # torch.export.load unpickles with weights_only=False where an archive's config says
-        # so, and retries sample inputs that way; forcing weights_only keeps a crafted .pt2
-        # from running code.
-        with _weights_only_loads():
-            return torch.export.load(io.BytesIO(data))
-    except Exception as error:  # any failure inside the archive means a corrupt file
-        raise ModelFileError(
-            f"{path}: cannot load the exported program: {_first_line(error)}"
-        ) from error
-
-
-def exported_module(program: torch.export.ExportedProgram) -> tuple[nn.Module, tuple[Any, ...]]:
-    """The trainable module of an exported program and the example inputs it was saved with."""
-    if program.example_inputs is None:
-        raise ModelFileError("the .pt2 file carries no example inputs; export with args")
-    args, kwargs = program.example_inputs
-    if kwargs:
-        raise ModelFileError("the .pt2 program takes keyword inputs; export with positional args")
-    module = program.module()
-    # ExportedProgram.module() overrides .train()/.eval() to raise NotImplementedError: how
-    # dropout and batch norm behave is fixed in the graph at export time. nn.Module.train
-    # still sets the flag compile_training_step checks.
-    nn.Module.train(module, True)
-    return module, tuple(args)
-
-
-@contextlib.contextmanager
-def _weights_only_loads() -> Iterator[None]:
-    """Make every torch.load inside use weights_only=True, whatever its caller passes."""
-    previous = os.environ.get(_FORCE_WEIGHTS_ONLY)
-    os.environ[_FORCE_WEIGHTS_ONLY] = "1"
-    try:
-        yield
-    finally:
-        if previous is None:
-            del os.environ[_FORCE_WEIGHTS_ONLY]
-        else:
-            os.environ[_FORCE_WEIGHTS_ONLY] = previous
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"

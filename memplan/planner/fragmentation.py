@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from memplan.errors import InvalidSchedule
 from memplan.graph import Decision, Graph, SolveResult
 from memplan.planner.layout import EXACT_TIME_LIMIT, Layout, lay_out
-from memplan.planner.simulate import MemoryTrace, simulate
+from memplan.simulate import MemoryTrace, simulate
 from memplan.solvers import SolverOptions
 from memplan.solvers.greedy import hiding_windows, release_options
 from memplan.solvers.training import build_schedule, decider, saved_storages

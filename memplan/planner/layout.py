@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from memplan.errors import MemplanError, MissingDependency
-from memplan.planner.simulate import Allocation
+from memplan.simulate import Allocation
 
 METHODS = ("size", "start", "exact", "best")
 HEURISTICS = ("size", "start")

@@ -8,9 +8,7 @@ its allocation by the getitems that extract them.
 
 from __future__ import annotations
 
-import hashlib
 import operator
-from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
@@ -19,37 +17,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from memplan.errors import UnsupportedModel
 from memplan.graph import Graph, Node, NodeKind
-from memplan.passes.substitutes import has_substitute
-
-# Below this size an offload costs more in launch and bookkeeping than it saves.
-DEFAULT_OFFLOAD_THRESHOLD = 64 * 1024
-
-
-@dataclass(frozen=True)
-class Lowered:
-    """A Graph and the fx nodes its ids stand for (fx_nodes[i] is node i)."""
-
-    graph: Graph
-    joint: fx.GraphModule
-    fx_nodes: tuple[fx.Node, ...]
-    num_fwd_outputs: int
-
-    @property
-    def device(self) -> torch.device:
-        """The device the traced tensors live on."""
-        for n in self.fx_nodes:
-            val = n.meta.get("val")
-            if isinstance(val, torch.Tensor):
-                return val.device
-        return torch.device("cpu")
-
-    @property
-    def fingerprint(self) -> str:
-        """Identifies the graph a plan was made for: names, ops, edges and bytes."""
-        digest = hashlib.sha256()
-        for node in self.graph:
-            digest.update(f"{node.name}|{node.op}|{node.inputs}|{node.bytes};".encode())
-        return digest.hexdigest()[:16]
+from memplan.passes.recompute import can_recompute
+from memplan.passes.rewrite import Lowered
+from memplan.planner.options import DEFAULT_OFFLOAD_THRESHOLD
 
 
 def drop_checked_asserts(joint: fx.GraphModule) -> None:
@@ -127,7 +97,7 @@ def lower(
                 is_backward=n.op == "call_function" and n not in forward,
                 alias_of=alias_of,
                 carved_from=carved_from,
-                recomputable=_recomputable(n, mutated),
+                recomputable=can_recompute(n, mutated),
                 offloadable=isinstance(val, torch.Tensor)
                 and alias_of is None
                 and nbytes >= offload_threshold,
@@ -204,32 +174,3 @@ def _mutated_inputs(joint: fx.GraphModule) -> set[fx.Node]:
         if type(d).__name__ == "InputMutationAOTOutput"
     ]
     return {n for n in joint.graph.find_nodes(op="placeholder") if n.meta.get("desc") in targets}
-
-
-def _recomputable(n: fx.Node, mutated: set[fx.Node]) -> bool:
-    """Random ops (no RNG replay), side effects and non-ATen calls are never run twice, nor
-    ops that read an input the step mutates, unless a substitute avoids reading it."""
-    if n.op != "call_function":
-        return False
-    if any(a in mutated for a in n.all_input_nodes) and not has_substitute(n):
-        return False
-    if n.target is operator.getitem:  # runs again only with its producer
-        parent = n.args[0]
-        return isinstance(parent, fx.Node) and _recomputable(parent, mutated)
-    if not isinstance(n.target, torch._ops.OpOverload):
-        return False
-    if torch.Tag.nondeterministic_seeded in n.target.tags and not _without_dropout(n):
-        return False
-    return not n.is_impure() and not n.target._schema.is_mutable
-
-
-def _without_dropout(n: fx.Node) -> bool:
-    """A seeded op whose dropout probability is 0 draws no random numbers."""
-    assert isinstance(n.target, torch._ops.OpOverload)
-    for index, argument in enumerate(n.target._schema.arguments):
-        if argument.name in ("dropout_p", "p"):
-            value = n.args[index] if index < len(n.args) else n.kwargs.get(argument.name)
-            if value is None:
-                value = argument.default_value
-            return value == 0
-    return False

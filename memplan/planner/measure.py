@@ -5,14 +5,13 @@ The figures the simulator's predictions are checked against (see docs: Measureme
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import statistics
 import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -21,33 +20,18 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-# Storages memplan's offload op put in host memory. Weak, so marking never extends a life.
-_HOST_STORAGES: weakref.WeakSet[torch.UntypedStorage] = weakref.WeakSet()
+from memplan.passes.host_memory import add_host_storage, in_host_scope, is_host_storage
+
 # Live trackers, so that marking a storage host-resident after it was counted uncounts it.
 _TRACKERS: weakref.WeakSet[LiveStorageTracker] = weakref.WeakSet()
 
 
-# Per thread: only the thread making an offload's copy is inside `host_allocations()`.
-_host_scope = threading.local()
-
-
-@contextlib.contextmanager
-def host_allocations() -> Iterator[None]:
-    """Storages ops return inside this block are host memory (an offload's copy).
-
-    Unlike `mark_host` afterwards, the copy never enters a tracker's peak on the way.
-    """
-    _host_scope.depth = getattr(_host_scope, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _host_scope.depth -= 1
-
-
 def mark_host(t: torch.Tensor) -> None:
-    """Record that `t`'s storage is host memory (an offloaded copy): trackers do not count it."""
+    """Record that `t`'s storage is host memory (an offloaded copy): trackers do not count
+    it. (Storages made inside passes.host_memory.host_allocations() never enter a
+    tracker's peak in the first place.)"""
     storage = t.untyped_storage()
-    _HOST_STORAGES.add(storage)
+    add_host_storage(storage)
     for tracker in list(_TRACKERS):
         tracker.forget(storage)
 
@@ -114,9 +98,9 @@ class LiveStorageTracker(TorchDispatchMode):
 
     def _track(self, storage: torch.UntypedStorage) -> bool:
         """Count `storage` if it is new, on the tracked device and not host memory."""
-        if getattr(_host_scope, "depth", 0):
-            _HOST_STORAGES.add(storage)
-        if not _on(storage.device, self.device) or storage in _HOST_STORAGES:
+        if in_host_scope():
+            add_host_storage(storage)
+        if not _on(storage.device, self.device) or is_host_storage(storage):
             return False
         with self._lock:
             key = id(storage)

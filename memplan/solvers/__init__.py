@@ -1,7 +1,9 @@
 """The solver registry: name -> lazily imported `solve(graph, budget, options) -> SolveResult`.
 
-Every solver is a pure function over memplan.graph; none imports torch. Options are one
-frozen dataclass shared by all solvers; each reads the fields it understands.
+Every solver is a pure function over memplan's core (graph, budget, simulate, remat);
+none imports torch. `budget` is bytes, or None for the least peak the solver can find.
+Options are one frozen dataclass shared by all solvers; each reads the fields it
+understands.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ class SolverOptions:
     seed: int = 0
     time_limit: float = 60.0
     bandwidth: float | None = None  # host link bytes/s; None forbids offloading
-    minimize_memory: bool = False  # ignore the budget and find the least peak
     # "training": a joint graph from the pipeline; the forward runs once and each saved
     # tensor is kept, recomputed before its backward use or offloaded (solvers/training.py).
     # "general": the literature's problem on any DAG: a node may be recomputed at any
@@ -45,7 +46,8 @@ class SolverOptions:
         return dict(self.__dict__)
 
 
-Solver = Callable[[Graph, int, SolverOptions], SolveResult]
+# (graph, budget in bytes or None for the least peak, options) -> result
+Solver = Callable[[Graph, int | None, SolverOptions], SolveResult]
 
 BOTH = ("training", "general")
 
@@ -55,8 +57,8 @@ REGISTRY: dict[str, tuple[str, tuple[str, ...]]] = {
     "keep_all": ("memplan.solvers.baselines:keep_all", BOTH),
     "chen_sqrt": ("memplan.solvers.baselines:chen_sqrt", ("training",)),
     "greedy": ("memplan.solvers.greedy:solve", ("training",)),
-    "chain_dp": ("memplan.solvers.chain:chain_dp", BOTH),
-    "linear": ("memplan.solvers.chain:linear", BOTH),
+    "chain_dp": ("memplan.solvers.chain_dp:chain_dp", BOTH),
+    "linear": ("memplan.solvers.chain_dp:linear", BOTH),
     "director": ("memplan.solvers.director:solve", BOTH),
     "milp": ("memplan.solvers.milp:solve", BOTH),
     "cpsat": ("memplan.solvers.cpsat:solve", BOTH),
@@ -68,10 +70,21 @@ def available(problem: str | None = None) -> list[str]:
     return sorted(n for n, (_, problems) in REGISTRY.items() if problem in (None, *problems))
 
 
-def get_solver(name: str) -> Solver:
-    """The solve function registered under `name`."""
+def check_known(name: str) -> None:
+    """UnknownSolver unless `name` is registered; imports no solver."""
     if name not in REGISTRY:
         raise UnknownSolver(f"unknown solver {name!r}; available: {', '.join(available())}")
+
+
+def problems(name: str) -> tuple[str, ...]:
+    """The problems the solver registered under `name` solves."""
+    check_known(name)
+    return REGISTRY[name][1]
+
+
+def get_solver(name: str) -> Solver:
+    """The solve function registered under `name`."""
+    check_known(name)
     module_name, function_name = REGISTRY[name][0].split(":")
     solver: Solver = getattr(importlib.import_module(module_name), function_name)
     return solver

@@ -7,12 +7,12 @@ import time
 
 from memplan import remat
 from memplan.graph import Decision, Graph, SolveResult
-from memplan.planner.simulate import simulate
 from memplan.solvers import SolverOptions, require_problem
-from memplan.solvers.training import build_schedule
+from memplan.solvers.result import judged, within
+from memplan.solvers.training import simulate_decisions
 
 
-def keep_all(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
+def keep_all(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResult:
     """Keep every tensor the backward reads: no recomputation, no offload. On the general
     problem: the graph's reference order, each node computed once."""
     started = time.perf_counter()
@@ -21,7 +21,7 @@ def keep_all(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
         reference = remat.reference(graph)
         return SolveResult(
             solver="keep_all",
-            status="feasible" if reference.peak <= budget else "infeasible",
+            status="feasible" if within(reference.peak, budget) else "infeasible",
             schedule=schedule,
             objective=reference.duration,
             solve_seconds=time.perf_counter() - started,
@@ -31,7 +31,7 @@ def keep_all(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
     return _result("keep_all", graph, budget, decisions, started, options)
 
 
-def chen_sqrt(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
+def chen_sqrt(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResult:
     """Chen et al. 2016's sqrt(n) checkpoints (see sqrt_decisions). Ignores the budget."""
     require_problem("chen_sqrt", options, "training")
     started = time.perf_counter()
@@ -69,19 +69,12 @@ def sqrt_decisions(graph: Graph) -> dict[int, Decision]:
 def _result(
     name: str,
     graph: Graph,
-    budget: int,
+    budget: int | None,
     decisions: dict[int, Decision],
     started: float,
     options: SolverOptions,
 ) -> SolveResult:
-    schedule = build_schedule(graph, decisions, bandwidth=options.bandwidth)
-    trace = simulate(graph, schedule, bandwidth=options.bandwidth)
-    return SolveResult(
-        solver=name,
-        status="feasible" if trace.peak <= budget else "infeasible",
-        schedule=schedule,
-        objective=trace.time,
-        solve_seconds=time.perf_counter() - started,
-        decisions=decisions,
-        options=options.to_json(),
+    schedule, trace = simulate_decisions(graph, decisions, options.bandwidth)
+    return judged(
+        name, schedule, trace, budget, options, started, objective=trace.time, decisions=decisions
     )

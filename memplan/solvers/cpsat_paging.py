@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from memplan.graph import Compute, Free, Graph, Offload, Prefetch, Schedule, SolveResult, Step, Wait
-from memplan.planner.simulate import MemoryTrace, simulate
-from memplan.solvers import SolverOptions, cpsat
-from memplan.solvers.cpsat import (
+from memplan.simulate import MemoryTrace, simulate
+from memplan.solvers import SolverOptions, cpsat_remat
+from memplan.solvers.cpsat_model import (
     Scale,
     check_general_graph,
     cp_model_module,
@@ -103,13 +103,13 @@ class _Model:
         return variable
 
 
-def solve(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
+def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResult:
     """The schedule with the least simulated step time within `budget`, recomputing or
     paging over a host link of options.bandwidth bytes per time unit.
 
-    First Moccasin's model without paging (memplan/solvers/cpsat.py) runs for a share of
+    First Moccasin's model without paging (memplan/solvers/cpsat_remat.py) runs for a share of
     the time limit. Where its schedule fits, it is the starting point; otherwise phase 1
-    minimizes max(peak, budget) here (with `minimize_memory`, the peak itself), hinted
+    minimizes max(peak, budget) here (for budget None, the peak itself), hinted
     with the least-peak sequence found. Phase 2 minimizes the step time within the
     capacity reached, hinted with the starting point. Every schedule is simulated, and
     the best the simulator accepts is returned. The model's optimum is over its rounded
@@ -123,16 +123,16 @@ def solve(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
     assert options.bandwidth is not None
     started = time.perf_counter()
     deadline = started + options.time_limit
-    scale = Scale.of(graph, None if options.minimize_memory else budget)
+    scale = Scale.of(graph, budget)
     times = _Times.of(graph, options.bandwidth)
-    best = _Best(graph, options, None if options.minimize_memory else budget)
+    best = _Best(graph, options, budget)
 
     remat_options = dataclasses.replace(
         options, bandwidth=None, time_limit=options.time_limit * REMAT_SHARE
     )
-    remat = cpsat.solve(graph, budget, remat_options)
+    remat = cpsat_remat.solve(graph, budget, remat_options)
     best.offer(remat.schedule)
-    fits = remat.status in ("optimal", "feasible") and not options.minimize_memory
+    fits = remat.status in ("optimal", "feasible") and budget is not None
     start = remat.schedule.computes() if remat.schedule is not None else start_order(graph)
     hints: dict[int, int] = {}  # the last solution's values by variable index, once known
 
@@ -150,8 +150,8 @@ def solve(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
             best.offer(_decode(first, solver1, graph))
             hints = {v.index: solver1.value(v) for v in (*first.variables, first.makespan)}
             reached = solver1.value(first.capacity)
-            limit = reached if options.minimize_memory else limit
-            if reached > scale.capacity and not options.minimize_memory:
+            limit = reached if budget is None else limit
+            if reached > scale.capacity and budget is not None:
                 proved = status1 == cp.OPTIMAL or scale.footprint_bytes > budget
                 return _unreached(best, budget, options, started, scale, proved)
         elif status1 == cp.INFEASIBLE or best.schedule is None:
@@ -163,11 +163,11 @@ def solve(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
     solver2 = make_solver(deadline, options)
     if solver2.solve(second.model) in (cp.OPTIMAL, cp.FEASIBLE):
         best.offer(_decode(second, solver2, graph))
-    within = options.minimize_memory or (best.trace is not None and best.trace.peak <= budget)
+    within = budget is None or (best.trace is not None and best.trace.peak <= budget)
     if best.schedule is None or best.trace is None or not within:
         return _unreached(best, budget, options, started, scale, proved=False)
     trace = best.trace
-    if options.minimize_memory:
+    if budget is None:
         floor_reached = trace.peak <= scale.footprint_bytes
         return make_result(
             options, started, "optimal" if floor_reached else "feasible",
@@ -202,7 +202,12 @@ class _Best:
 
 
 def _unreached(
-    best: _Best, budget: int, options: SolverOptions, started: float, scale: Scale, proved: bool
+    best: _Best,
+    budget: int | None,
+    options: SolverOptions,
+    started: float,
+    scale: Scale,
+    proved: bool,
 ) -> SolveResult:
     """No schedule within the budget: the least-peak one found, infeasible if proved."""
     assert best.trace is not None

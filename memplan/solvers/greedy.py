@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 from memplan.errors import InvalidSchedule
 from memplan.graph import Decision, Graph, SolveResult
-from memplan.planner.simulate import MemoryTrace
+from memplan.simulate import MemoryTrace
 from memplan.solvers import SolverOptions, require_problem
 from memplan.solvers.baselines import sqrt_decisions
+from memplan.solvers.result import judged
 from memplan.solvers.training import (
     build_schedule,
     decider,
@@ -32,10 +33,10 @@ from memplan.solvers.training import (
 _CANDIDATES_PER_ROUND = 64
 
 
-def solve(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
+def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResult:
     """Descend from two starting points, keep-all and Chen's sqrt(n) checkpoints, and
-    return the fastest schedule within the budget (or the least peak, when minimizing or
-    when none fits).
+    return the fastest schedule within the budget (or the least peak, when the budget is
+    None or none fits).
 
     Each descent releases storages cheapest per byte first. Where that does not reach the
     budget (or when minimizing), descents that release the largest storages first run
@@ -45,27 +46,28 @@ def solve(graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
     require_problem("greedy", options, "training")
     started = time.perf_counter()
     deadline = started + options.time_limit
-    target = 0 if options.minimize_memory else budget
+    target = 0 if budget is None else budget
     starts = [{v: Decision.KEEP for v in graph.saved_candidates}, sqrt_decisions(graph)]
-    orders = [_cost_per_byte] + ([_largest_first] if options.minimize_memory else [])
+    orders = [_cost_per_byte] + ([_largest_first] if budget is None else [])
     runs = [_descend(graph, s, target, deadline, options, o) for o in orders for s in starts]
-    if not options.minimize_memory and all(r.trace.peak > budget for r in runs):
+    if budget is not None and all(r.trace.peak > budget for r in runs):
         runs += [_descend(graph, s, target, deadline, options, _largest_first) for s in starts]
-    fitting = [r for r in runs if r.trace.peak <= budget and not options.minimize_memory]
+    fitting = [r for r in runs if budget is not None and r.trace.peak <= budget]
     if fitting:
         chosen = min(fitting, key=lambda r: (r.trace.time, r.trace.peak))
     else:
         chosen = min(runs, key=lambda r: (r.trace.peak, r.trace.time))
     timed_out = any(r.timed_out for r in runs)
-    status = "feasible" if chosen.trace.peak <= budget else "timeout" if timed_out else "infeasible"
-    return SolveResult(
-        solver="greedy",
-        status=status,
-        schedule=build_schedule(graph, chosen.decisions, bandwidth=options.bandwidth),
+    return judged(
+        "greedy",
+        build_schedule(graph, chosen.decisions, bandwidth=options.bandwidth),
+        chosen.trace,
+        budget,
+        options,
+        started,
         objective=chosen.trace.time,
-        solve_seconds=time.perf_counter() - started,
+        unfit="timeout" if timed_out else "infeasible",
         decisions=chosen.decisions,
-        options=options.to_json(),
         message=f"least peak found: {min(r.trace.peak for r in runs)} B",
     )
 

@@ -30,8 +30,9 @@ import numpy as np
 
 from memplan.errors import InvalidSchedule
 from memplan.graph import Decision, Graph, NodeKind, Schedule, SolveResult
-from memplan.planner.simulate import MemoryTrace
+from memplan.simulate import MemoryTrace
 from memplan.solvers import SolverOptions, director
+from memplan.solvers.result import judged
 from memplan.solvers.training import position_profile, saved_storages, simulate_decisions
 
 # Share of the time limit the director gets for the incumbent and the hint.
@@ -184,12 +185,13 @@ class _Judged:
 
 
 def solve(
-    graph: Graph, budget: int, options: SolverOptions, name: str, engine: Engine
+    graph: Graph, budget: int | None, options: SolverOptions, name: str, engine: Engine
 ) -> SolveResult:
-    """The training problem by the release model, solved by `engine` (see the module)."""
+    """The training problem by the release model, solved by `engine` (see the module);
+    budget None minimizes the peak."""
     started = time.perf_counter()
     deadline = started + options.time_limit
-    cap = None if options.minimize_memory else budget
+    cap = budget
     lead = director.solve(
         graph, budget, dataclasses.replace(options, time_limit=options.time_limit * _DIRECTOR_SHARE)
     )
@@ -212,7 +214,7 @@ def solve(
             continue
         # The hint stays the director's: a pick the loop goes past is cut, so it would be
         # an infeasible start.
-        if _better(judged.trace, best.trace, budget, options.minimize_memory):
+        if _better(judged.trace, best.trace, budget):
             best = judged
         # The model's promise: within the budget, or (minimizing) its predicted peak.
         limit = model.predicted_peak(pick.chosen) if cap is None else cap
@@ -283,9 +285,10 @@ def _judge(graph: Graph, decisions: dict[int, Decision], options: SolverOptions)
     return _Judged(decisions, schedule, trace)
 
 
-def _better(new: MemoryTrace, old: MemoryTrace, budget: int, minimize_memory: bool) -> bool:
-    """Least peak when minimizing; else within the budget first, then the least time."""
-    if minimize_memory:
+def _better(new: MemoryTrace, old: MemoryTrace, budget: int | None) -> bool:
+    """Least peak when minimizing (budget None); else within the budget first, then the
+    least time."""
+    if budget is None:
         return (new.peak, new.time) < (old.peak, old.time)
     if (new.peak <= budget) != (old.peak <= budget):
         return new.peak <= budget
@@ -296,21 +299,15 @@ def _better(new: MemoryTrace, old: MemoryTrace, budget: int, minimize_memory: bo
 
 def _result(
     name: str,
-    budget: int,
+    budget: int | None,
     options: SolverOptions,
     started: float,
     best: _Judged,
     unfit_status: str,
     message: str,
 ) -> SolveResult:
-    fits = options.minimize_memory or best.trace.peak <= budget
-    return SolveResult(
-        solver=name,
-        status="feasible" if fits else unfit_status,
-        schedule=best.schedule,
-        objective=float(best.trace.peak) if options.minimize_memory else best.trace.time,
-        solve_seconds=time.perf_counter() - started,
-        decisions=best.decisions,
-        options=options.to_json(),
-        message=message,
-    )
+    objective = float(best.trace.peak) if budget is None else best.trace.time
+    return judged(
+        name, best.schedule, best.trace, budget, options, started, objective=objective,
+        unfit=unfit_status, decisions=best.decisions, message=message,
+    )  # fmt: skip

@@ -28,7 +28,7 @@ from memplan.graph import (
     Wait,
     with_frees,
 )
-from memplan.planner.simulate import MemoryTrace, simulate
+from memplan.simulate import MemoryTrace, simulate
 
 
 def decider(graph: Graph, decisions: Mapping[int, Decision]) -> Callable[[int], Decision]:

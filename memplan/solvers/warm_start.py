@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from memplan import remat
 from memplan.graph import Graph, SolveResult
-from memplan.planner.simulate import simulate
+from memplan.simulate import simulate
 from memplan.solvers import SolverOptions
 
 # The share of an exact solver's time limit the director may spend on a start, and the
@@ -31,11 +31,11 @@ TIE = 1e-9
 STARTING_SCHEDULE = "the director's starting schedule"
 
 
-def director_sequence(graph: Graph, budget: int, options: SolverOptions) -> list[int] | None:
+def director_sequence(graph: Graph, budget: int | None, options: SolverOptions) -> list[int] | None:
     """The director's sequence for `budget` when it fits; None when it does not, when the
-    solve minimizes memory (the director's sequence is not a least peak), or when the
-    graph has resident inputs (the general director computes every node)."""
-    if options.minimize_memory or graph.resident_inputs:
+    solve minimizes memory (budget None: the director's sequence is not a least peak), or
+    when the graph has resident inputs (the general director computes every node)."""
+    if budget is None or graph.resident_inputs:
         return None
     from memplan.solvers import director  # the director imports numpy: load it on use
 
@@ -52,14 +52,14 @@ def keep_faster(
     graph: Graph,
     result: SolveResult,
     start: Sequence[int] | None,
-    budget: int,
+    budget: int | None,
     options: SolverOptions,
 ) -> SolveResult:
     """`result`, unless the director's `start` is faster (or `result` has no schedule
     within the budget): then the start, as a feasible result with the solver's name, its
     bound kept where it still bounds the start (a bound of the solver's model, which may
     not contain the start), and a message that says so."""
-    if start is None or options.minimize_memory:
+    if start is None or budget is None:
         return result
     duration = remat.score(graph, start).duration
     # Sums of the same times in another order may differ in the last bit: a tie is a tie.

@@ -15,10 +15,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from memplan import api
+from memplan.budget import Budget
 from memplan.errors import MemplanError
 from memplan.planner.measure import measure_peak
-from memplan.planner.plan import Plan
+from memplan.planner.module import plan_module
+from memplan.planner.options import PlanOptions
+from memplan.planner.plan_file import Plan
 
 # Gradients of a recomputed graph are bit-identical in practice; the tolerance only absorbs
 # kernels that pick a different reduction order between runs.
@@ -105,9 +107,8 @@ def verify(
         _reset(model, state)
         # The options that shape the graph and the schedule are the plan's own.
         same = {k: plan.options[k] for k in _SCHEDULE_OPTIONS if k in plan.options}
-        planned = api.optimize(
-            model, example_inputs, plan.budget, plan.solver, reuse=plan, progress=False, **same
-        )
+        options = PlanOptions(solver=plan.solver, progress=False, **same)
+        planned = plan_module(model, example_inputs, Budget(bytes=plan.budget), options, reuse=plan)
         training_step(planned, example_inputs)()
         _reset(model, state)
         measured = measure_peak(

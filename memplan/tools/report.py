@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -17,23 +18,17 @@ from rich.table import Table
 
 from memplan.errors import MemplanError
 from memplan.files import write_atomically
-from memplan.graph import Decision, format_bytes
-from memplan.maxbatch import MaxBatch
+from memplan.graph import Decision
 from memplan.planner.layout import ALLOCATOR_ALIGNMENT
-from memplan.planner.plan import Plan
-from memplan.verify import Verification
+from memplan.planner.plan_file import Plan
+from memplan.tools.batch_search import MaxBatch
+from memplan.units import format_bytes, format_seconds
+
+if TYPE_CHECKING:  # a type only: reports need no torch to load
+    from memplan.tools.verify import Verification
 
 MIB = 2**20
 _STYLE = {Decision.KEEP: "green", Decision.RECOMPUTE: "yellow", Decision.OFFLOAD: "cyan"}
-
-
-def format_seconds(seconds: float) -> str:
-    """0.0123 -> '12.30 ms'."""
-    if seconds >= 1:
-        return f"{seconds:.2f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds * 1e6:.1f} µs"
 
 
 def summary_table(plan: Plan) -> Table:
@@ -44,7 +39,7 @@ def summary_table(plan: Plan) -> Table:
     share = plan.predicted_peak / plan.unplanned_peak if plan.unplanned_peak else 0.0
     counts = plan.counts()
     table.add_row("device", plan.device)
-    table.add_row("budget", format_bytes(plan.budget))
+    table.add_row("budget", _budget_text(plan))
     table.add_row("unplanned peak", format_bytes(plan.unplanned_peak))
     table.add_row(
         "predicted peak", f"{format_bytes(plan.predicted_peak)} ({share:.1%} of unplanned)"
@@ -71,7 +66,19 @@ def summary_table(plan: Plan) -> Table:
     table.add_row("status", plan.status)
     table.add_row("solve time", format_seconds(plan.solve_seconds))
     table.add_row("decisions", ", ".join(f"{n} {d}" for d, n in counts.items()))
+    if plan.note:
+        table.add_row("note", escape(plan.note))
     return table
+
+
+def _budget_text(plan: Plan) -> str:
+    """The budget the plan holds, and the one asked for where that is another."""
+    asked = format_bytes(plan.asked)
+    if plan.requested_as and plan.requested_as != asked:
+        asked = f"{asked} ({plan.requested_as})"
+    if plan.budget == plan.asked:
+        return asked
+    return f"{format_bytes(plan.budget)} (asked: {asked}, which no schedule found meets)"
 
 
 def verification_table(check: Verification) -> Table:

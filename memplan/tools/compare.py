@@ -20,9 +20,9 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from memplan.api import CompiledStep
 from memplan.errors import MemplanError
 from memplan.planner.capture import compile_training_step
+from memplan.planner.module import CompiledStep
 
 # The activation memory budgets the head-to-head benchmark gives PyTorch's partitioner:
 # 1.0 is its default (min-cut without a memory target), 0.0 recomputes all it can.

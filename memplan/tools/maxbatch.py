@@ -15,27 +15,28 @@ import contextlib
 import importlib
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
+from memplan.budget import Budget
 from memplan.errors import InfeasibleBudget, MemplanError
 from memplan.planner.measure import LiveStorageTracker, median_step_seconds
-from memplan.verify import resident_tensors, training_step
+from memplan.planner.module import plan_module
+from memplan.planner.options import PlanOptions
+from memplan.tools.batch_search import DEFAULT_OVERHEAD, METHODS, MaxBatch, Probe, search
+from memplan.tools.compare import PYTORCH_BUDGETS, pytorch_partitioned
+from memplan.tools.verify import resident_tensors, training_step
+from memplan.tools.zoo import ZOO, Example
 
-METHODS = ("eager", "pytorch", "memplan")
-DEFAULT_OVERHEAD = 0.25
-# A model and example inputs for a batch size (memplan.zoo's builders, partially applied).
+# A model and example inputs for a batch size (memplan.tools.zoo's builders, partially applied).
 Builder = Callable[[int], tuple[nn.Module, tuple[Any, ...]]]
 
 
 def builder(spec: str) -> Builder:
-    """The model builder `spec` names: a memplan.zoo model, or MODULE:FUNCTION, a function
-    taking batch=N that returns a memplan.zoo.Example or a (model, inputs) pair."""
-    from memplan.zoo import ZOO, Example
-
+    """The model builder `spec` names: a memplan.tools.zoo model, or MODULE:FUNCTION, a function
+    taking batch=N that returns a memplan.tools.zoo.Example or a (model, inputs) pair."""
     if ":" in spec:
         module_name, _, function_name = spec.partition(":")
         try:
@@ -62,45 +63,6 @@ def builder(spec: str) -> Builder:
     return build
 
 
-@dataclass(frozen=True)
-class Probe:
-    """One batch size tried: whether it fit, with which setting, and why not if not."""
-
-    batch: int
-    fits: bool
-    setting: str = ""  # PyTorch's activation budget or memplan's solver that fit
-    step_seconds: float | None = None
-    reason: str = ""
-
-
-@dataclass(frozen=True)
-class MaxBatch:
-    """A method's largest batch under the cap, and every probe on the way."""
-
-    method: str
-    cap_bytes: int
-    batch: int  # 0: not even the first batch fits
-    step_seconds: float | None
-    setting: str
-    probes: list[Probe] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "method": self.method,
-            "cap_bytes": self.cap_bytes,
-            "batch": self.batch,
-            "step_seconds": self.step_seconds,
-            "setting": self.setting,
-            "probes": [p.__dict__ for p in self.probes],
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> MaxBatch:
-        """The search result that to_json wrote."""
-        probes = [Probe(**p) for p in data["probes"]]
-        return cls(**{**data, "probes": probes})
-
-
 def max_batch(
     build: Builder,
     cap_bytes: int,
@@ -125,7 +87,7 @@ def max_batch(
     if overhead < 0 or not math.isfinite(overhead):
         raise MemplanError(f"overhead limit must be a non-negative number, got {overhead}")
     trial = _Trial(build, cap_bytes, solver, time_limit, repeats)
-    eager = _search("eager", trial.eager, cap_bytes, start, limit, on_probe)
+    eager = search("eager", trial.eager, cap_bytes, start, limit, on_probe)
     results = [eager] if "eager" in methods else []
     if eager.batch == 0 or eager.step_seconds is None:
         per_sample = math.inf  # nothing to compare with: no overhead limit
@@ -135,66 +97,8 @@ def max_batch(
     for method in (m for m in methods if m != "eager"):
         attempt = trial.pytorch if method == "pytorch" else trial.memplan
         first = max(start, eager.batch)
-        results.append(_search(method, attempt, cap_bytes, first, limit, on_probe))
+        results.append(search(method, attempt, cap_bytes, first, limit, on_probe))
     return results
-
-
-def _search(
-    method: str,
-    attempt: Callable[[int], Probe],
-    cap_bytes: int,
-    start: int,
-    limit: int,
-    on_probe: Callable[[str, Probe], None] | None,
-) -> MaxBatch:
-    """The largest batch that runs under the cap and within the overhead limit.
-
-    Two searches, because the two limits move differently with the batch. Memory grows
-    with it, so whether a step runs under the cap at all is searched by doubling from
-    `start` and bisecting. Time per sample falls as the batch grows, until the cap forces
-    recomputation, so a batch too slow at `start` may be fast enough higher up: the
-    largest fast-enough batch is then bisected between the largest fast one found and the
-    largest that runs.
-    """
-    probes: dict[int, Probe] = {}
-
-    def probe(batch: int) -> Probe:
-        if batch not in probes:
-            probes[batch] = attempt(batch)
-            if on_probe is not None:
-                on_probe(method, probes[batch])
-        return probes[batch]
-
-    def runs(batch: int) -> bool:  # under the cap, whatever its time
-        found = probe(batch)
-        return found.fits or found.step_seconds is not None
-
-    top = _largest(runs, start, limit, 0)
-    if top and not probe(top).fits:
-        fast = [b for b, found in probes.items() if found.fits and b < top]
-        top = _largest(lambda b: probe(b).fits, top, top, max(fast, default=0))
-    best = probes.get(top)
-    every = list(probes.values())  # in the order they were tried
-    if best is None or not best.fits:
-        return MaxBatch(method, cap_bytes, 0, None, "", every)
-    return MaxBatch(method, cap_bytes, best.batch, best.step_seconds, best.setting, every)
-
-
-def _largest(holds: Callable[[int], bool], start: int, limit: int, low: int) -> int:
-    """The largest batch up to `limit` for which `holds`, taken to hold up to some batch
-    and not above it: double from `start` while it holds, then bisect above `low` (a
-    batch known to hold, 0 for none) and below the first that does not."""
-    batch = start
-    while batch <= limit and holds(batch):
-        low, batch = batch, batch * 2
-    high = min(batch, limit + 1)
-    while high - low > 1:
-        middle = (low + high) // 2
-        if holds(middle):
-            low = middle
-        else:
-            high = middle
-    return low
 
 
 class _Trial:
@@ -216,8 +120,6 @@ class _Trial:
 
     def pytorch(self, batch: int) -> Probe:
         """The fastest of PyTorch's activation memory budgets that fits."""
-        from memplan.compare import PYTORCH_BUDGETS, pytorch_partitioned
-
         model, inputs = self.build(batch)
         tried = []
         for budget in PYTORCH_BUDGETS:
@@ -231,18 +133,10 @@ class _Trial:
         return min(ran, key=lambda p: (not p.fits, p.step_seconds))
 
     def memplan(self, batch: int) -> Probe:
-        from memplan import api
-
         model, inputs = self.build(batch)
+        options = PlanOptions(solver=self.solver, time_limit=self.time_limit, progress=False)
         try:
-            planned = api.optimize(
-                model,
-                inputs,
-                budget=self.cap_bytes,
-                solver=self.solver,
-                time_limit=self.time_limit,
-                progress=False,
-            )
+            planned = plan_module(model, inputs, Budget(bytes=self.cap_bytes), options)
         except InfeasibleBudget as error:
             return Probe(batch, False, reason=f"no plan: {error}")
         return self._run(batch, model, planned, inputs, self.solver)

@@ -1,0 +1,57 @@
+"""PlanOptions: how to plan a model (solver, profiling, offload, layout), one frozen
+dataclass whose fields are the API's keyword options and the CLI's flags. No torch here,
+so that the CLI reads its defaults without loading torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memplan.errors import MemplanError
+from memplan.planner.layout import METHODS
+from memplan.solvers import SolverOptions
+
+# Host link bandwidth assumed when offloading and none is given: PCIe 4.0 x16 in practice.
+DEFAULT_BANDWIDTH = {"cuda": 2.5e10, "cpu": 1.0e10}
+FRAGMENTATION = ("live", "arena")
+# Below this size an offload costs more in launch and bookkeeping than it saves.
+DEFAULT_OFFLOAD_THRESHOLD = 64 * 1024
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """How to plan: the solver and its options, profiling, and whether to offload."""
+
+    solver: str = "greedy"
+    seed: int = 0
+    time_limit: float = 60.0
+    offload: bool | None = None  # None: offload where the device is not the host
+    bandwidth: float | None = None  # host link bytes/s; None: DEFAULT_BANDWIDTH
+    offload_threshold: int = DEFAULT_OFFLOAD_THRESHOLD
+    measure: bool = True  # profile by running each node; False: roofline estimate
+    progress: bool = True
+    # When no schedule fits: plan for the smallest feasible peak with a warning (the
+    # torch.compile default, where each graph of a graph break is planned on its own)
+    # instead of raising InfeasibleBudget.
+    best_effort: bool = False
+    # What the budget bounds: "live", the sum of live bytes (what the simulator counts);
+    # "arena", the arena of the plan's layout, fragmentation included (planner/layout.py).
+    fragmentation: str = "live"
+    layout: str = "best"  # the layout method, one of layout.METHODS
+
+    def __post_init__(self) -> None:
+        if self.fragmentation not in FRAGMENTATION:
+            raise MemplanError(
+                f"fragmentation must be one of {', '.join(FRAGMENTATION)}, "
+                f"got {self.fragmentation!r}"
+            )
+        if self.layout not in METHODS:
+            raise MemplanError(f"layout must be one of {', '.join(METHODS)}, got {self.layout!r}")
+
+    def solver_options(self, device_type: str) -> SolverOptions:
+        """The solver's options on a device of `device_type` ("cpu", "cuda")."""
+        offload = self.offload if self.offload is not None else device_type != "cpu"
+        bandwidth = None
+        if offload:
+            bandwidth = self.bandwidth or DEFAULT_BANDWIDTH.get(device_type, 1.0e10)
+        return SolverOptions(seed=self.seed, time_limit=self.time_limit, bandwidth=bandwidth)

@@ -1,0 +1,188 @@
+"""The Plan: what a user reads before launching a job, and its JSON file.
+
+Predicted peak and time, the decision per tensor, the timelines and the arena layout.
+`Plan.save` writes it atomically; `Plan.load` checks every field through memplan.checks,
+so that a damaged or hand-edited file is one PlanFileError naming the field. No torch
+here: `memplan show` reads plans without loading it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memplan import checks
+from memplan.errors import PlanFileError
+from memplan.files import write_atomically
+from memplan.graph import Decision
+
+PLAN_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A planned training step: what the simulator predicts and the decision per tensor."""
+
+    name: str
+    solver: str
+    status: str
+    device: str
+    budget: int  # bytes the plan is held to (in best-effort mode, the least peak found)
+    unplanned_peak: int
+    predicted_peak: int
+    unplanned_time: float
+    predicted_time: float
+    solve_seconds: float
+    fingerprint: str
+    decisions: dict[str, str]  # saved tensor name -> keep | recompute | offload
+    tensor_bytes: dict[str, int]
+    timeline: list[int]  # predicted live bytes after each step
+    clock: list[float]  # predicted compute time after each step
+    unplanned_timeline: list[int]
+    unplanned_clock: list[float]
+    backward_start: int
+    options: dict[str, Any] = field(default_factory=dict)
+    # The layout of the plan's allocations in one arena (planner/layout.py); absent (0,
+    # "", []) in plans written before layouts were planned.
+    arena: int = 0
+    arena_bound: int = 0  # the least arena any layout can have: the rounded live peak
+    layout_method: str = ""
+    layout_status: str = ""  # optimal | feasible | heuristic (layout.Layout.status)
+    placements: list[list[int]] = field(default_factory=list)  # [start, end, bytes, offset]
+    # The budget as the user asked for it, in bytes and as given ("60%"), and which
+    # schedule this is where it is not simply the solver's answer; absent (0, "", "") in
+    # plans written before they were recorded, where `budget` is what was asked.
+    requested_budget: int = 0
+    requested_as: str = ""
+    note: str = ""
+
+    @property
+    def asked(self) -> int:
+        """The budget the user asked for, in bytes."""
+        return self.requested_budget or self.budget
+
+    @property
+    def fragmentation(self) -> float:
+        """Arena bytes above the predicted live peak, as a fraction of it."""
+        return self.arena / self.predicted_peak - 1 if self.arena and self.predicted_peak else 0.0
+
+    @property
+    def overhead(self) -> float:
+        """Predicted step-time increase over the unplanned step, as a fraction."""
+        return self.predicted_time / self.unplanned_time - 1 if self.unplanned_time else 0.0
+
+    def counts(self) -> dict[str, int]:
+        counts = {d.value: 0 for d in Decision}
+        for decision in self.decisions.values():
+            counts[decision] += 1
+        return counts
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": PLAN_FORMAT, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_json(cls, data: object) -> Plan:
+        """The plan that to_json wrote, each field checked against the type it holds.
+
+        A plan file is edited and passed around by people, and a field of the wrong type
+        would otherwise surface far away (a TypeError in a report, a silent misplot), so
+        any mismatch is a PlanFileError naming the field. Integer fields take JSON integers
+        only (not 1.5, not true); time fields take any finite number and store a float.
+        Keys the plan does not know are ignored, so that newer files still load.
+        """
+        version = data.get("format") if isinstance(data, dict) else None
+        if not (isinstance(data, dict) and checks.is_int(version) and version == PLAN_FORMAT):
+            raise PlanFileError("not a memplan plan (missing or unknown 'format')")
+        names = [f.name for f in dataclasses.fields(cls)]
+        required = [
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
+        missing = sorted(set(required) - data.keys())
+        if missing:
+            raise PlanFileError(f"plan is missing fields: {', '.join(missing)}")
+        fields: dict[str, Any] = {}
+        for name in names:
+            if name in data:
+                fields[name] = checks.field(data, name, _PLAN_FIELDS[name], _field_error)
+        for steps, times in (("timeline", "clock"), ("unplanned_timeline", "unplanned_clock")):
+            if len(fields[steps]) != len(fields[times]):
+                raise PlanFileError(
+                    f"plan fields {steps!r} and {times!r} differ in length "
+                    f"({len(fields[steps])} and {len(fields[times])}): one entry per step each"
+                )
+        return cls(**fields)
+
+    def save(self, path: str | Path) -> None:
+        """Write the plan as JSON atomically: a reader never sees half a file."""
+        write_atomically(path, lambda out: json.dump(self.to_json(), out))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        """The plan in the file at `path`; PlanFileError, one line, for anything else."""
+        data = checks.read_json(path, PlanFileError, "a memplan plan")
+        try:
+            return cls.from_json(data)
+        except TypeError as error:
+            raise PlanFileError(f"{path}: malformed plan ({error})") from None
+
+
+# --- checking a plan file's fields (Plan.from_json) -------------------------------------
+
+
+def _field_error(what: str) -> PlanFileError:
+    return PlanFileError(f"plan field {what}")
+
+
+def _placement(value: object) -> list[int]:
+    """[start, end, bytes, offset]: integers, start at least -1 (resident before step 0)."""
+    if not (
+        isinstance(value, list)
+        and len(value) == 4
+        and all(checks.is_int(x) for x in value)
+        and value[0] >= -1
+        and value[1] >= value[0]
+        and min(value[2:]) >= 0
+    ):
+        raise checks.Mismatch("must be [start, end, bytes, offset] integers with start <= end")
+    return value
+
+
+_DECISIONS = tuple(d.value for d in Decision)
+_DECISION_NAMES = ", ".join(_DECISIONS[:-1]) + f" or {_DECISIONS[-1]}"
+_COUNTS = checks.list_of(checks.count, "non-negative integers")
+_SECONDS = checks.list_of(checks.seconds, "finite non-negative numbers")
+# One check per Plan field: each returns the value as the Plan holds it or raises Mismatch.
+_PLAN_FIELDS: dict[str, checks.Check] = {
+    "name": checks.text,
+    "solver": checks.text,
+    "status": checks.text,
+    "device": checks.text,
+    "budget": checks.count,
+    "unplanned_peak": checks.count,
+    "predicted_peak": checks.count,
+    "unplanned_time": checks.seconds,
+    "predicted_time": checks.seconds,
+    "solve_seconds": checks.seconds,
+    "fingerprint": checks.text,
+    "decisions": checks.names_to(checks.one_of(_DECISIONS), _DECISION_NAMES),
+    "tensor_bytes": checks.names_to(checks.count, "non-negative integers"),
+    "timeline": _COUNTS,
+    "clock": _SECONDS,
+    "unplanned_timeline": _COUNTS,
+    "unplanned_clock": _SECONDS,
+    "backward_start": checks.count,
+    "options": checks.obj,
+    "arena": checks.count,
+    "arena_bound": checks.count,
+    "layout_method": checks.text,
+    "layout_status": checks.text,
+    "placements": checks.list_of(_placement, "[start, end, bytes, offset] lists"),
+    "requested_budget": checks.count,
+    "requested_as": checks.text,
+    "note": checks.text,
+}

@@ -1,0 +1,151 @@
+"""The one driver that holds a solve to its budget, for the API, the torch.compile backend
+and both CLI commands (`memplan plan` and `memplan solve`).
+
+The named solver runs first. Where its simulated peak is over the budget (or it found no
+schedule), the problem's fallback stands in: greedy on the training problem, the director
+on the general one, first at the budget and then for its least peak; the note says
+which schedule was returned. Where nothing found fits: with best_effort, the least peak
+found becomes the budget, with a warning (what torch.compile does per graph); else
+InfeasibleBudget names the least peak and who found it. No torch here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from dataclasses import dataclass
+
+from memplan.errors import InfeasibleBudget, MemplanError, MemplanWarning
+from memplan.graph import Graph, SolveResult
+from memplan.simulate import MemoryTrace, simulate
+from memplan.solvers import SolverOptions, get_solver
+from memplan.solvers.warm_start import STARTING_SCHEDULE
+from memplan.units import format_bytes
+
+# Solvers that prove optimality; anything less than "optimal" from them is their best
+# schedule at the time limit (or the director's, see solvers/warm_start.py).
+EXACT = frozenset({"milp", "cpsat"})
+
+
+@dataclass(frozen=True)
+class _Fallback:
+    """The solver that stands in on a problem, and its time limit (None: the solve's)."""
+
+    solver: str
+    seconds: float | None
+
+
+# The director needs a few seconds on the literature's largest graphs; greedy on a model
+# gets the plan's own limit.
+FALLBACKS = {"training": _Fallback("greedy", None), "general": _Fallback("director", 30.0)}
+
+
+@dataclass(frozen=True)
+class Solved:
+    """A solve held to its budget: the result, the simulator's trace of its schedule, the
+    bytes the schedule is held to (the budget asked for, or in best-effort mode the least
+    peak found) and a note saying which schedule it is where it is not simply the named
+    solver's answer ("" where it is)."""
+
+    result: SolveResult
+    trace: MemoryTrace
+    budget: int
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class _Found:
+    result: SolveResult
+    trace: MemoryTrace | None
+
+    @property
+    def peak(self) -> float:
+        return math.inf if self.trace is None else self.trace.peak
+
+
+def solve_within_budget(
+    graph: Graph,
+    budget: int,
+    solver: str,
+    options: SolverOptions,
+    *,
+    best_effort: bool = False,
+    first: SolveResult | None = None,
+) -> Solved:
+    """`solver`'s schedule for `budget`, or the fallback's (see the module). `first` is the
+    named solver's result where the caller already has it (a re-applied plan)."""
+    named = _found(graph, first or get_solver(solver)(graph, budget, options), options)
+    if named.peak <= budget:
+        assert named.trace is not None
+        return Solved(named.result, named.trace, budget)
+    if named.result.status == "timeout":
+        why = f"in {options.time_limit:g} s"
+    elif named.trace is None:
+        why = f"({named.result.status})"
+    else:
+        why = f"(its schedule peaks at {named.peak:.0f} B)"
+    fallback = FALLBACKS[options.problem]
+    fallback_options = options
+    if fallback.seconds is not None:
+        fallback_options = dataclasses.replace(options, time_limit=fallback.seconds)
+    missed = f"{solver} found no schedule within the budget {why}; this is the {fallback.solver}'s"
+    least, least_by = named, solver
+    if solver != fallback.solver:
+        stand_in = _found(
+            graph, get_solver(fallback.solver)(graph, budget, fallback_options), options
+        )
+        if stand_in.peak <= budget:
+            assert stand_in.trace is not None
+            return Solved(stand_in.result, stand_in.trace, budget, f"{missed} schedule")
+        if stand_in.peak < least.peak:
+            least, least_by = stand_in, fallback.solver
+    lowest = _found(graph, get_solver(fallback.solver)(graph, None, fallback_options), options)
+    if lowest.peak <= budget:  # the fallback's budgeted search missed what it can reach
+        assert lowest.trace is not None
+        result = dataclasses.replace(lowest.result, status="feasible")
+        return Solved(result, lowest.trace, budget, f"{missed} least-memory schedule")
+    if lowest.peak < least.peak:
+        least, least_by = lowest, fallback.solver
+    if least.trace is None:
+        raise MemplanError(f"neither {solver} nor the {fallback.solver} found any schedule")
+    peak = least.trace.peak
+    if not best_effort:
+        raise InfeasibleBudget(budget, peak, least_by)
+    note = (
+        f"{graph.name}: budget {format_bytes(budget)} is infeasible; planned for "
+        f"its smallest feasible peak {format_bytes(peak)} instead"
+    )
+    warnings.warn(note, MemplanWarning, stacklevel=2)
+    result = dataclasses.replace(least.result, status="best-effort")
+    return Solved(result, least.trace, peak, note)
+
+
+def _found(graph: Graph, result: SolveResult, options: SolverOptions) -> _Found:
+    """The result with the simulator's trace of its schedule (None without one)."""
+    if result.schedule is None:
+        return _Found(result, None)
+    return _Found(result, simulate(graph, result.schedule, bandwidth=options.bandwidth))
+
+
+def provenance(solved: Solved, solver: str, options: SolverOptions) -> str | None:
+    """One line saying which schedule `solved` holds, where it is not simply `solver`'s
+    answer: the note of a fallback standing in, the director's starting schedule an
+    exact solver kept, or an exact solver's best schedule found but not proved optimal,
+    with its gap to the solver's lower bound. None where the schedule is a heuristic's
+    answer or a proved optimum."""
+    result = solved.result
+    if solved.note:
+        return solved.note
+    if result.gap is None:
+        gap = f"no lower bound from {solver}"
+    else:
+        gap = f"a gap of {result.gap:.2%} to {solver}'s lower bound"
+    if result.message.startswith(STARTING_SCHEDULE):
+        return f"{result.message}; {gap}"
+    if solver not in EXACT or result.status == "optimal":
+        return None
+    return (
+        f"{solver} did not prove this schedule optimal within {options.time_limit:g} s: "
+        f"it is the best {solver} found ({result.status}), with {gap}"
+    )
