@@ -25,6 +25,7 @@ lint: $(BIN)/memplan
 	$(BIN)/ruff format --check memplan tests benchmarks
 
 bench: $(BIN)/memplan
+	$(BIN)/python -m benchmarks.sweep
 	$(BIN)/python -m benchmarks.models
 
 clean:

@@ -8,8 +8,9 @@ Each model trains one step under each method:
 - memplan with each solver at 90%, 70%, 50% and 30% of the eager peak and at its smallest
   feasible budget, and memplan's MATCHED_SOLVER at each of PyTorch's measured peaks.
 
-Every method is measured the same way: the live-storage tracker's peak for one step (the
-eager peak includes parameters, inputs, gradients and activations), the median step time
+Every method is measured the same way: the allocator's peak for one step (on CPU the
+profiler's allocation events, on a GPU max_memory_allocated; the eager peak includes
+parameters, inputs, gradients, activations and kernels' own buffers), the median step time
 of `--repeats` steps after two warm-up steps, the planning (or compile) time, and the
 gradients against eager's. Writes benchmarks/results/models-<device>.json (models merge
 into earlier results), one Pareto plot per model under docs/img/ and docs/results.md.
@@ -423,16 +424,19 @@ def results_markdown(runs: list[Run], where: dict[str, Any]) -> str:
         f"peak and at its least feasible budget, and memplan's {MATCHED_SOLVER} at each of "
         "PyTorch's measured peaks (\"matched\"). PyTorch's partitioner is compiled through "
         "memplan's capture with inductor's decompositions and run as the same generated code "
-        "as memplan's plans (memplan/compare.py), so that one instrument measures every "
-        "method: Dynamo runs a compiled frame eagerly under the live-storage tracker.",
+        "as memplan's plans (memplan/tools/compare.py), so that every method runs the same "
+        "way and one instrument measures them all.",
         "",
-        "Peak: the live-storage tracker's peak of one training step (parameters, inputs, "
-        "gradients, activations), on a GPU `max_memory_allocated`. Step time: the median of "
+        "Peak: the allocator's peak of one training step (parameters, inputs, gradients, "
+        "activations and kernels' own buffers: the profiler's allocation events on CPU, "
+        "`max_memory_allocated` on a GPU), what an out-of-memory error counts. Step time: "
+        "the median of "
         "several steps after two warm-up steps. Plan time: memplan's tracing, profiling and "
         "solving, or PyTorch's compile. Gradients are compared with eager's (rtol 1e-5, atol "
         "1e-6). Step times on a small shared CPU are noisy to several percent.",
         "",
     ]
+    lines += sweep_section(where)
     for model in dict.fromkeys(r.model for r in runs):
         rows = [r for r in runs if r.model == model]
         eager = rows[0]
@@ -447,6 +451,36 @@ def results_markdown(runs: list[Run], where: dict[str, Any]) -> str:
             lines.append(_row(r, eager))
         lines.append("")
     return "\n".join(lines)
+
+
+def sweep_section(where: dict[str, Any]) -> list[str]:
+    """The peak as the budget falls (benchmarks/sweep.py), where that has been run."""
+    path = RESULTS / f"sweep-{where['device']}.json"
+    if not path.exists():
+        return []
+    saved = json.loads(path.read_text())
+    lines = [
+        "## The peak as the budget falls",
+        "",
+        "Written by `python -m benchmarks.sweep` "
+        f"({saved['machine']['date']}): memplan (greedy) at every 5% of its unplanned "
+        "peak down to its least feasible budget, PyTorch's partitioner at every "
+        "`activation_memory_budget` from 1.0 to 0.0 by 0.05, each step read by the "
+        "allocator.",
+        "",
+    ]
+    for model, found in saved["models"].items():
+        s = found["summary"]
+        lines += [
+            f"- {model}: memplan's peak rose {s['memplan_rises']} times as its budget fell "
+            f"(least {format_bytes(s['memplan_least'])}); PyTorch's rose "
+            f"{s['pytorch_rises']} times (least {format_bytes(s['pytorch_least'])}; at 0.0, "
+            f"{format_bytes(s['pytorch_at_0'])} against eager's {format_bytes(s['eager'])}).",
+            "",
+            f"![{model}: the peak as the budget falls](img/sweep_{model}.png)",
+            "",
+        ]
+    return lines
 
 
 def _row(r: Run, eager: Run) -> str:

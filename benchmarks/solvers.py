@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from benchmarks.layered import random_layered_graph
+from benchmarks.pages import write_section
 from memplan import remat, solvers
 from memplan.errors import MemplanError
 from memplan.graph import Graph
@@ -216,17 +217,6 @@ def targets(rows: list[Row]) -> list[str]:
 START, END = "<!-- results: written by benchmarks/solvers.py -->", "<!-- results end -->"
 
 
-def write_section(page: Path, text: str) -> None:
-    """Put `text` between the page's result markers (appending them the first time)."""
-    content = page.read_text() if page.exists() else ""
-    if START in content and END in content:
-        before, rest = content.split(START, 1)
-        after = rest.split(END, 1)[1]
-    else:
-        before, after = content.rstrip("\n") + "\n\n", "\n"
-    page.write_text(f"{before}{START}\n{text}{END}{after}")
-
-
 def director_at_scale(shares: list[str]) -> list[dict[str, object]]:
     """The director's wall time on random_layered_graph(SCALE_NODES) at each share."""
     graph = random_layered_graph(SCALE_NODES)
@@ -279,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
             (RESULTS / "solvers.json").write_text(json.dumps(payload, indent=1))
         rows = [Row(**r) for r in payload["rows"]]
         text = table(rows, payload["machine"], payload.get("scale", []))
-        write_section(DOCS / "solvers.md", text)
+        write_section(DOCS / "solvers.md", text, START, END)
         console.print(f"wrote docs/solvers.md from {len(rows)} runs")
         return
     names = args.solvers or [*solvers.available("general"), *(n + PAGING for n in EXACT)]
@@ -314,7 +304,7 @@ def main(argv: list[str] | None = None) -> None:
     scale = director_at_scale(args.shares)
     payload = {"machine": where, "rows": [asdict(r) for r in rows], "scale": scale}
     (RESULTS / "solvers.json").write_text(json.dumps(payload, indent=1))
-    write_section(DOCS / "solvers.md", table(rows, where, scale))
+    write_section(DOCS / "solvers.md", table(rows, where, scale), START, END)
     console.print(f"wrote benchmarks/results/solvers.json and docs/solvers.md ({len(rows)} runs)")
 
 

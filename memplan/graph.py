@@ -41,6 +41,9 @@ class Node:
     `bytes` is the storage the node allocates when it runs. A view owns 0 bytes and keeps
     `alias_of` (the storage's owner) alive. A node `carved_from` a multi-output producer
     takes its bytes out of the producer's allocation instead of allocating anew.
+    `workspace` is what the node's kernel holds while it runs beyond its inputs and output
+    (its own buffers, layout copies), freed when it returns: every run of the node needs
+    that room, a recomputation too.
     """
 
     id: int
@@ -55,6 +58,7 @@ class Node:
     carved_from: int | None = None
     recomputable: bool = True
     offloadable: bool = True
+    workspace: int = 0
 
     @property
     def is_resident_input(self) -> bool:
@@ -88,8 +92,13 @@ class Graph:
             for ref, what in ((node.alias_of, "alias_of"), (node.carved_from, "carved_from")):
                 if ref is not None and not 0 <= ref < index:
                     raise GraphError(f"node {node.name!r} has {what}={ref}, not an earlier node")
-            if node.bytes < 0 or not math.isfinite(node.time) or node.time < 0:
-                raise GraphError(f"node {node.name!r} has negative bytes or time")
+            if (
+                node.bytes < 0
+                or node.workspace < 0
+                or not math.isfinite(node.time)
+                or node.time < 0
+            ):
+                raise GraphError(f"node {node.name!r} has negative bytes, workspace or time")
         if self.source_ids and len(self.source_ids) != len(self.nodes):
             raise GraphError("source_ids must name every node")
         for out in self.outputs:
@@ -163,12 +172,19 @@ class Graph:
     def total_time(self) -> float:
         return sum(n.time for n in self.nodes)
 
-    def replace_times(self, times: Sequence[float]) -> Graph:
-        """The same graph with node times replaced (the profiler's output)."""
+    def replace_times(
+        self, times: Sequence[float], workspace: Sequence[int] | None = None
+    ) -> Graph:
+        """The same graph with node times (and workspaces, where given) replaced: the
+        profiler's output."""
         if len(times) != len(self.nodes):
             raise GraphError(f"got {len(times)} times for {len(self.nodes)} nodes")
+        held = [n.workspace for n in self.nodes] if workspace is None else list(workspace)
+        if len(held) != len(self.nodes):
+            raise GraphError(f"got {len(held)} workspaces for {len(self.nodes)} nodes")
         nodes = tuple(
-            dataclasses.replace(n, time=float(t)) for n, t in zip(self.nodes, times, strict=True)
+            dataclasses.replace(n, time=float(t), workspace=int(w))
+            for n, t, w in zip(self.nodes, times, held, strict=True)
         )
         return Graph(nodes=nodes, outputs=self.outputs, name=self.name)
 

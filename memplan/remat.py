@@ -5,7 +5,8 @@ recomputation). Computing v reads the most recent copy of each of its inputs, wh
 exist. A copy is resident from the step that computes it through the last step that
 reads it (only its own step if nothing reads it); the peak is the largest sum of resident
 copies over the steps, and the duration the sum of the computed nodes' times. Every node
-is computed at least once. These are the scoring rules of ../shared/graphs/README.md.
+is computed at least once. These are the scoring rules of ../shared/graphs/README.md,
+where no node has a workspace; a node that has one holds it in its own step.
 
 `score` implements them on its own, so that it can check the simulator, which judges the
 same sequence once `to_schedule` has put a Free after each copy's last read.
@@ -52,10 +53,11 @@ def score(graph: Graph, sequence: Sequence[int]) -> Score:
         missing = next(v for v in range(n) if v not in latest)
         raise InvalidSchedule(f"{graph[missing].name} is never computed")
     # Memory over steps as a difference array: a copy adds its bytes from its step through
-    # its last read.
+    # its last read, and its node's workspace in its step alone.
     change = [0] * (len(sequence) + 1)
     for step, v in enumerate(sequence):
-        change[step] += graph[v].bytes
+        change[step] += graph[v].bytes + graph[v].workspace
+        change[step + 1] -= graph[v].workspace
         change[last_read[step] + 1] -= graph[v].bytes
     peak = memory = 0
     for delta in change[:-1]:

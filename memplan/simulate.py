@@ -3,8 +3,9 @@
 Memory is counted per storage instance, as the device allocator sees it: each allocation
 (a Compute of a storage owner, a Prefetch) opens an instance, views join the instance of
 what they are made from, and the instance's bytes are freed when its last member dies.
-Offloads and prefetches run on one copy stream that overlaps compute at a given host link
-bandwidth. No torch here: solvers call it too.
+A Compute also holds its node's workspace (the kernel's own buffers) for its step only,
+every time the node runs. Offloads and prefetches run on one copy stream that overlaps
+compute at a given host link bandwidth. No torch here: solvers call it too.
 """
 
 from __future__ import annotations
@@ -25,20 +26,23 @@ class Allocation:
     that allocated it (-1: resident before the first step) and `end` the step that freed
     it (the schedule's length: still live at the end). `node` made the allocation. A
     carved output is its own allocation from its producer's start, and the producer's
-    allocation is what it keeps, so the bytes live at each step match MemoryTrace.live.
+    allocation is what it keeps, so the bytes live at each step match MemoryTrace.live. A
+    node's workspace is an allocation of its own, live in its step only.
     """
 
     node: int
     bytes: int
     start: int
     end: int
+    workspace: bool = False  # the node's own buffers while it runs: nothing can release it
 
 
 @dataclass(frozen=True)
 class MemoryTrace:
     """What simulating a schedule predicts.
 
-    live[i] and clock[i] are the device bytes and the compute-stream time after step i.
+    live[i] is the most device bytes held during step i (what is live after it, plus a
+    computed node's workspace while it runs) and clock[i] the compute-stream time after it.
     """
 
     peak: int
@@ -84,6 +88,7 @@ class _State:
         self.maker: dict[int, int] = {}  # storage instance -> the node that allocated it
         self.since: dict[int, int] = {}  # storage instance -> the step that allocated it
         self.freed: dict[int, tuple[int, int]] = {}  # released instance -> (step, bytes)
+        self.workspaces: list[Allocation] = []  # each Compute's workspace, for its step
         self.host_ready: dict[int, float] = {}  # offloaded node -> time its host copy is whole
         self.offload_end: dict[int, float] = {}  # device copy busy being read until then
         self.memory = 0
@@ -113,12 +118,14 @@ class _State:
             self.freed[instance] = (self.step, held)
 
     def allocations(self, steps: int) -> tuple[Allocation, ...]:
-        """Every instance opened, with the bytes it holds last (carvings taken out)."""
+        """Every instance opened, in opening order, with the bytes it holds last (carvings
+        taken out); then every workspace, in step order."""
         ends = {**self.freed, **{i: (steps, held) for i, held in self.account.items()}}
-        return tuple(
+        instances = [
             Allocation(node, ends[i][1], self.since[i], ends[i][0])
             for i, node in self.maker.items()
-        )
+        ]
+        return (*instances, *self.workspaces)
 
     def view_instance(self, v: int) -> int | None:
         """The live storage instance view `v` joins when it is made now, None if there is none.
@@ -171,8 +178,12 @@ def simulate(
         if node is None:
             raise InvalidSchedule(f"step {index}: unknown node id {step.node}")
         where = f"step {index} ({type(step).__name__} {node.name})"
+        held = 0  # a computed node's workspace, held during its step only
         if isinstance(step, Compute):
             _compute(state, step.node, where)
+            held = node.workspace if node.kind is NodeKind.COMPUTE else 0
+            if held:
+                state.workspaces.append(Allocation(step.node, held, index, index + 1, True))
         elif isinstance(step, Free):
             if step.node not in state.resident:
                 raise InvalidSchedule(f"{where}: frees a node with no device copy")
@@ -207,10 +218,10 @@ def simulate(
                 state.stall += landed - state.now
                 state.now = landed
             state.resident.add(step.node)
-        if state.memory > peak:
-            peak, peak_step = state.memory, index
+        if state.memory + held > peak:
+            peak, peak_step = state.memory + held, index
             live_at_peak = frozenset(state.resident | state.in_flight.keys())
-        live.append(state.memory)
+        live.append(state.memory + held)
         clock.append(state.now)
 
     missing = [graph[v].name for v in graph.outputs if v not in state.resident]

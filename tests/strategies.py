@@ -12,6 +12,8 @@ from memplan.graph import Compute, Graph, Node, NodeKind, Step
 
 SIZES = st.integers(min_value=1, max_value=100)
 TIMES = st.integers(min_value=0, max_value=5).map(float)
+# A kernel's own buffers, held while it runs: none for most nodes, as in real graphs.
+WORKSPACES = st.one_of(st.just(0), st.just(0), st.just(0), SIZES)
 
 
 class _Builder:
@@ -32,7 +34,8 @@ def random_graphs(draw: st.DrawFn, max_nodes: int = 12) -> Graph:
 
     Some compute nodes are views (alias_of one of their inputs, 0 bytes) and some are
     carved out of a multi-output producer they read; the carved children of a producer
-    never take more than its bytes, as getitems of a real tuple output never do.
+    never take more than its bytes, as getitems of a real tuple output never do. Some hold
+    a workspace while they run.
     """
     b = _Builder()
     for i in range(draw(st.integers(0, 3))):
@@ -46,7 +49,7 @@ def random_graphs(draw: st.DrawFn, max_nodes: int = 12) -> Graph:
         )
         shape = draw(st.sampled_from(["plain", "plain", "view", "carved"]))
         carvable = [s for s in inputs if capacity.get(s, 0) > 0]
-        fields: dict[str, object] = {"time": draw(TIMES)}
+        fields: dict[str, object] = {"time": draw(TIMES), "workspace": draw(WORKSPACES)}
         if shape == "view" and inputs:
             fields.update(bytes=0, alias_of=draw(st.sampled_from(inputs)))
         elif shape == "carved" and carvable:
@@ -77,6 +80,7 @@ def training_graphs(
     layer i's backward reads the incoming gradient, the layer's forward input (and
     sometimes its output) and its param, and emits the param's gradient (an output).
     Some backward layers read a gradient-free transpose of the param, as autograd does.
+    Some layers hold a workspace while they run, as convolutions do.
     """
     b = _Builder()
     params = [
@@ -104,6 +108,7 @@ def training_graphs(
                 time=draw(TIMES),
                 recomputable=recomputable,
                 offloadable=draw(st.integers(0, 4)) != 0,
+                workspace=draw(WORKSPACES),
             )
         layer_params.append(param)
         acts.append(layer)
@@ -136,6 +141,7 @@ def training_graphs(
             bytes=b.nodes[layer_params[i]].bytes,
             time=draw(TIMES),
             is_backward=True,
+            workspace=draw(WORKSPACES),
         )
         grads.append(dparam)
         grad = b.add(

@@ -1,9 +1,11 @@
-"""End to end on real models: planned gradients equal eager's, and the measured peak is
-within the budget and within 5% of the simulator's prediction."""
+"""End to end on real models: planned gradients equal eager's, and the peak read from the
+allocator (what an out-of-memory error counts, kernels' own buffers included) is within
+the budget and within 2% of the simulator's prediction."""
 
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 
 import pytest
@@ -15,8 +17,25 @@ from memplan.errors import InfeasibleBudget
 from memplan.planner.measure import measure_peak
 from memplan.tools.zoo import ZOO, Example
 
-MODELS = ["mlp", "cnn", "gpt2", "bert", "vit", "resnet"]
+# The zoo's models at sizes where half the unplanned peak can be met and a step is quick.
+SIZES: dict[str, dict[str, int]] = {
+    "mlp": {},
+    "cnn": {"batch": 16, "blocks": 6},
+    "gpt2": {},
+    "bert": {},
+    "vit": {},
+    "resnet": {},  # its least feasible peak is 58% of the unplanned one: 50% is refused
+    "resnet50": {"batch": 16, "width": 8},
+    "llama": {},
+    "convnext": {"batch": 32},
+}
+MODELS = list(SIZES)
+TOLERANCE = 0.02  # measured peak vs predicted, as a fraction of the prediction
 CPU = torch.device("cpu")
+
+
+def example_of(name: str) -> Example:
+    return ZOO[name](**SIZES[name])
 
 
 def train_step(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]):
@@ -43,28 +62,46 @@ def assert_grads_equal(model: torch.nn.Module, expected: dict[str, torch.Tensor]
         torch.testing.assert_close(got[name], grad, rtol=1e-5, atol=1e-6, msg=name)
 
 
-@pytest.mark.parametrize("name", MODELS)
-def test_planned_step_matches_eager_and_prediction(name: str) -> None:
-    example = ZOO[name]()
-    expected = eager_grads(example)
+def least_budget(example: Example) -> int:
+    """The smallest feasible budget InfeasibleBudget names for a 1-byte one."""
     with pytest.raises(InfeasibleBudget) as info:
-        memplan.optimize(copy.deepcopy(example.model), example.inputs, budget="1 B", progress=False)
-    smallest = info.value.smallest_feasible
-    assert smallest > 1
+        memplan.optimize(copy.deepcopy(example.model), example.inputs, "1 B", progress=False)
+    return info.value.smallest_feasible
 
-    for budget in ["100%", "70%", "50%", smallest]:
+
+def allocator_peak(model: torch.nn.Module, run: torch.nn.Module, example: Example) -> int:
+    """One step of `run` (training `model`'s parameters) read by the allocator, after one
+    unmeasured step: a first step sets up what later steps reuse."""
+    train_step(run, example.inputs)()
+    for p in model.parameters():
+        p.grad = None
+    return measure_peak(
+        train_step(run, example.inputs), resident=resident(model, example.inputs), device=CPU
+    ).peak_bytes
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_budget_holds_by_the_allocator(name: str) -> None:
+    example = example_of(name)
+    expected = eager_grads(example)
+    least = least_budget(example)
+    for budget in ["90%", "70%", "50%", least]:
         model = copy.deepcopy(example.model)
+        if budget == "50%" and name == "resnet":
+            with pytest.raises(InfeasibleBudget) as refused:
+                memplan.optimize(model, example.inputs, budget=budget, progress=False)
+            assert refused.value.smallest_feasible == least > refused.value.budget
+            continue
         planned = memplan.optimize(model, example.inputs, budget=budget, progress=False)
         plan = planned.plan
-        measured = measure_peak(
-            train_step(planned, example.inputs),
-            resident=resident(model, example.inputs),
-            device=CPU,
-        ).peak_bytes
+        measured = allocator_peak(model, planned, example)
+        for p in model.parameters():
+            p.grad = None
+        train_step(planned, example.inputs)()
         assert_grads_equal(model, expected)
-        assert plan.predicted_peak <= plan.budget
+        assert plan.predicted_peak <= plan.budget == plan.requested_budget
         assert measured <= plan.budget, (budget, measured, plan.budget)
-        assert abs(measured - plan.predicted_peak) <= 0.05 * plan.predicted_peak, (
+        assert abs(measured - plan.predicted_peak) <= TOLERANCE * plan.predicted_peak, (
             budget,
             measured,
             plan.predicted_peak,
@@ -74,42 +111,67 @@ def test_planned_step_matches_eager_and_prediction(name: str) -> None:
             assert plan.budget == math.ceil(0.5 * plan.unplanned_peak)  # shares round up
 
 
+@pytest.mark.parametrize("name", ["cnn", "gpt2"])
+def test_a_lower_budget_never_raises_the_measured_peak(name: str) -> None:
+    """Every 5% from the unplanned peak down to the least feasible budget, and that: the
+    allocator's peak never rises as the budget falls."""
+    example = example_of(name)
+    least = least_budget(example)
+    unplanned = memplan.plan(
+        copy.deepcopy(example.model), example.inputs, "100%", progress=False
+    ).unplanned_peak
+    budgets = [b for b in (math.ceil(s / 100 * unplanned) for s in range(100, 0, -5)) if b > least]
+    peaks = []
+    for budget in [*budgets, least]:
+        model = copy.deepcopy(example.model)
+        planned = memplan.optimize(model, example.inputs, Budget(bytes=budget), progress=False)
+        peaks.append(allocator_peak(model, planned, example))
+        assert peaks[-1] <= budget
+    assert len(peaks) >= 5
+    assert all(lower <= higher for higher, lower in itertools.pairwise(peaks)), peaks
+
+
 # Every solver of the training problem that takes a budget (greedy, the default, is
-# above), with a budget it reaches on all six models. chain_dp and linear checkpoint only
-# at cut points of the forward chain (on ResNet linear's least peak is 58% of eager's,
-# chain_dp's 50%), and the director's ranking stops short of greedy on some models, so 50%
-# is out of their reach on some (docs/training-solvers.md has each solver's least peak).
+# above), with a budget it reaches on these six models at the zoo's default sizes.
+# chain_dp and linear checkpoint only at cut points of the forward chain, and the
+# director's ranking stops short of greedy on some models, so 50% is out of their reach
+# on some (docs/training-solvers.md has each solver's least peak); the convolutions' own
+# buffers keep the CNN's and ResNet's least peaks above half of their unplanned ones.
 SOLVER_BUDGETS = [
     ("chain_dp", "60%"),
     ("linear", "70%"),
     ("director", "70%"),
-    ("milp", "50%"),
-    ("cpsat", "50%"),
+    ("milp", "60%"),
+    ("cpsat", "60%"),
 ]
 
 
+SOLVER_MODELS = ["mlp", "cnn", "gpt2", "bert", "vit", "resnet"]
+
+
 @pytest.mark.parametrize(("solver", "budget"), SOLVER_BUDGETS)
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", SOLVER_MODELS)
 def test_every_solver_trains_the_models_within_its_budget(
     name: str, solver: str, budget: str
 ) -> None:
-    """Each solver through the pipeline: eager's gradients, measured peak within the
-    budget and within 5% of the prediction."""
+    """Each solver through the pipeline: eager's gradients, the allocator's peak within
+    the budget and within 2% of the prediction."""
     example = ZOO[name]()
     expected = eager_grads(example)
     model = copy.deepcopy(example.model)
     planned = memplan.optimize(
         model, example.inputs, budget=budget, solver=solver, time_limit=10, progress=False
     )
-    measured = measure_peak(
-        train_step(planned, example.inputs), resident=resident(model, example.inputs), device=CPU
-    ).peak_bytes
+    measured = allocator_peak(model, planned, example)
+    for p in model.parameters():
+        p.grad = None
+    train_step(planned, example.inputs)()
     assert_grads_equal(model, expected)
     plan = planned.plan
     assert plan.solver == solver
     assert plan.budget == plan.requested_budget == Budget.parse(budget).resolve(plan.unplanned_peak)
     assert measured <= plan.budget, (measured, plan.budget)
-    assert abs(measured - plan.predicted_peak) <= 0.05 * plan.predicted_peak
+    assert abs(measured - plan.predicted_peak) <= TOLERANCE * plan.predicted_peak
 
 
 def test_offload_on_cpu_keeps_numerics_and_moves_bytes_to_host() -> None:
@@ -120,40 +182,29 @@ def test_offload_on_cpu_keeps_numerics_and_moves_bytes_to_host() -> None:
         model, example.inputs, budget="50%", offload=True, offload_threshold=0, progress=False
     )
     assert planned.plan.counts()["offload"] > 0
-    measured = measure_peak(
-        train_step(planned, example.inputs), resident=resident(model, example.inputs), device=CPU
-    ).peak_bytes
-    assert_grads_equal(model, expected)
-    # Host copies are not device memory: the tracker leaves them out, as the simulator does.
-    assert abs(measured - planned.plan.predicted_peak) <= 0.05 * planned.plan.predicted_peak
-
-
-def allocator_peak(model: torch.nn.Module, run: torch.nn.Module, example: Example) -> int:
-    for p in model.parameters():
-        p.grad = None
-    return measure_peak(
-        train_step(run, example.inputs),
+    tracked = measure_peak(
+        train_step(planned, example.inputs),
         resident=resident(model, example.inputs),
         device=CPU,
-        method="allocator",
+        method="tracker",
     ).peak_bytes
+    assert_grads_equal(model, expected)
+    # Host copies are not device memory, but on CPU they come from the same allocator as
+    # the step's tensors: the allocator counts them, the prediction does not. The tracker,
+    # told which storages are host copies, leaves them out, but it misses the kernels' own
+    # buffers, which the prediction holds. So the prediction lies between the two.
+    measured = allocator_peak(model, planned, example)
+    assert tracked <= planned.plan.predicted_peak <= measured
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", ["mlp", "cnn", "gpt2", "convnext"])
 def test_torch_compile_runs_the_same_plan_as_the_api(name: str) -> None:
     """Through torch.compile the same plans come out and use memory exactly as through
-    the API, whose tracker readings the test above holds to the budget and prediction.
-
-    A compiled model runs eagerly under a dispatch mode, so the compiled step is read by
-    the allocator, which also sees kernel scratch buffers (the CPU convolution's unfolded
-    input): hence compare it with the API step read the same way, and, on the models
-    without such scratch, with the prediction directly.
-    """
-    example = ZOO[name]()
+    the API: the allocator reads the compiled step at the API step's peak, within the
+    budget and within 2% of the prediction."""
+    example = example_of(name)
     expected = eager_grads(example)
-    with pytest.raises(InfeasibleBudget) as info:
-        memplan.optimize(copy.deepcopy(example.model), example.inputs, budget="1 B", progress=False)
-    for budget in ["100%", "70%", "50%", info.value.smallest_feasible]:
+    for budget in ["70%", least_budget(example)]:
         torch._dynamo.reset()
         backend = memplan.backend(budget=budget, progress=False)
         compiled_model = copy.deepcopy(example.model)
@@ -168,9 +219,8 @@ def test_torch_compile_runs_the_same_plan_as_the_api(name: str) -> None:
         assert plan.predicted_peak == planned.plan.predicted_peak <= plan.budget
         measured = allocator_peak(compiled_model, compiled, example)
         assert measured == allocator_peak(api_model, planned, example), budget
-        if name not in ("cnn", "resnet"):
-            assert measured <= plan.budget, (budget, measured, plan.budget)
-            assert abs(measured - plan.predicted_peak) <= 0.05 * plan.predicted_peak
+        assert measured <= plan.budget, (budget, measured, plan.budget)
+        assert abs(measured - plan.predicted_peak) <= TOLERANCE * plan.predicted_peak
 
 
 def test_torch_compile_finds_the_backend_by_name() -> None:

@@ -1,4 +1,5 @@
-"""Per-node times of fx graphs: measured, roofline, and the on-disk cache."""
+"""Per-node times and transient memory of fx graphs: measured, estimated, and the on-disk
+cache."""
 
 from __future__ import annotations
 
@@ -13,8 +14,15 @@ from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from memplan import config
-from memplan.planner import profile
-from memplan.planner.profile import DeviceSpec, ProfileCache, device_spec, profile_graph
+from memplan.errors import MemplanWarning
+from memplan.planner import profile, roofline
+from memplan.planner.profile import ProfileCache, profile_graph
+from memplan.planner.roofline import (
+    DeviceSpec,
+    device_spec,
+    estimated_workspace,
+    roofline_seconds,
+)
 
 CPU = torch.device("cpu")
 FAST = {"device": CPU, "repeats": 2, "warmup": 1, "progress": False}
@@ -53,8 +61,10 @@ def measures(monkeypatch) -> list[int]:
 
 @pytest.mark.parametrize("measure", [True, False])
 def test_every_op_gets_a_time_and_the_rest_zero(joint, measure):
-    times = profile_graph(joint, measure=measure, **FAST)
-    assert set(times) == {n.name for n in joint.graph.nodes}
+    found = profile_graph(joint, measure=measure, **FAST)
+    times = found.seconds
+    assert set(times) == set(found.workspace) == {n.name for n in joint.graph.nodes}
+    assert found.estimated == ()
     work = _tensor_work(joint)
     assert any(n.target is operator.getitem for n in joint.graph.nodes)
     assert all(times[n.name] > 0 for n in work)
@@ -67,13 +77,13 @@ def test_roofline_of_a_matmul_is_compute_bound():
     spec = device_spec(CPU)
     # 2 * 512^3 FLOPs at 5e10 FLOP/s beats 3 * 1 MiB at 1e10 B/s
     expected = 2 * 512**3 / spec.peak_flops + spec.launch_overhead
-    assert profile_graph(gm, device=CPU, measure=False)[mm.name] == pytest.approx(expected)
+    assert profile_graph(gm, device=CPU, measure=False).seconds[mm.name] == pytest.approx(expected)
 
 
 def test_a_views_roofline_is_its_launch_overhead():
     gm = make_fx(lambda x: x.view(-1), tracing_mode="fake")(torch.randn(1024, 1024))
     (view,) = _tensor_work(gm)
-    assert profile.roofline_seconds(view, device_spec(CPU)) == device_spec(CPU).launch_overhead
+    assert roofline_seconds(view, device_spec(CPU)) == device_spec(CPU).launch_overhead
 
 
 def test_symbolic_shapes_run_and_size_queries_cost_nothing():
@@ -81,7 +91,7 @@ def test_symbolic_shapes_run_and_size_queries_cost_nothing():
         return x.view(x.shape[0], -1) * 2
 
     gm = make_fx(f, tracing_mode="symbolic")(torch.randn(4, 3, 2))
-    times = profile_graph(gm, **FAST)
+    times = profile_graph(gm, **FAST).seconds
     sizes = [n for n in gm.graph.nodes if n.target is torch.ops.aten.sym_size.int]
     assert sizes
     assert all(times[n.name] == 0.0 for n in sizes)
@@ -97,16 +107,19 @@ def test_a_node_that_fails_gets_a_roofline_and_the_rest_still_run(tmp_path):
 
     add.target = unrunnable  # keeps add's meta["val"], from which its output is made up
     cache = ProfileCache(tmp_path / "p.json")
-    times = profile_graph(gm, cache=cache, **FAST)
-    assert times[add.name] == profile.roofline_seconds(add, device_spec(CPU))
-    assert len(json.loads(cache.path.read_text())) == 1  # the mul; rooflines are not cached
+    with pytest.warns(MemplanWarning, match=rf"could not run alone on cpu \({add.name}\)"):
+        found = profile_graph(gm, cache=cache, **FAST)
+    assert found.estimated == (add.name,)
+    assert found.seconds[add.name] == roofline_seconds(add, device_spec(CPU))
+    assert found.workspace[add.name] == estimated_workspace(add)
+    assert len(json.loads(cache.path.read_text())) == 1  # the mul; estimates are not cached
 
 
 def test_a_warm_cache_measures_nothing(joint, tmp_path, measures):
     first = profile_graph(joint, cache=ProfileCache(tmp_path / "p.json"), **FAST)
     second = profile_graph(joint, cache=ProfileCache(tmp_path / "p.json"), **FAST)
     assert len(measures) == 1
-    assert second == first  # times are pooled per key, so a cached run returns the same
+    assert second == first  # costs are pooled per key, so a cached run returns the same
 
 
 def test_without_a_cache_every_call_measures(joint, measures):
@@ -121,13 +134,13 @@ def test_a_corrupt_cache_file_is_replaced(joint, tmp_path, measures):
     profile_graph(joint, cache=ProfileCache(path), **FAST)
     assert len(measures) == 1
     entries = json.loads(path.read_text())
-    assert entries and all(isinstance(s, float) for s in entries.values())
+    assert entries and all(isinstance(s, float) and isinstance(w, int) for s, w in entries.values())
 
 
 def test_the_cache_lands_in_memplan_cache_dir(joint, tmp_path, monkeypatch):
     monkeypatch.setenv("MEMPLAN_CACHE_DIR", str(tmp_path / "cache"))
     profile_graph(joint, cache=ProfileCache(), **FAST)
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["profile-v1.json"]
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["profile-v2.json"]
 
 
 def test_cache_dir_defaults_to_the_users_cache(tmp_path, monkeypatch):
@@ -137,7 +150,7 @@ def test_cache_dir_defaults_to_the_users_cache(tmp_path, monkeypatch):
 
 
 def test_gpu_specs_come_from_the_name_table(monkeypatch):
-    monkeypatch.setattr(profile, "device_name", lambda device: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(roofline, "device_name", lambda device: "NVIDIA H100 80GB HBM3")
     assert device_spec(torch.device("cuda")).bandwidth == 3.35e12
-    monkeypatch.setattr(profile, "device_name", lambda device: "NVIDIA GeForce GTX 1060")
+    monkeypatch.setattr(roofline, "device_name", lambda device: "NVIDIA GeForce GTX 1060")
     assert device_spec(torch.device("cuda")) == DeviceSpec(1e13, 3e11, 5e-6)

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from strategies import random_graphs, topological_steps
 
+from memplan import remat
 from memplan.errors import InvalidSchedule
 from memplan.graph import (
     Compute,
@@ -394,19 +395,24 @@ def test_simulate_topological_order_with_frees(g):
     assert trace.peak == max(trace.baseline, *trace.live)
     assert trace.baseline == resident_bytes(g, set(g.resident_inputs), set())
     # an independent replay: the bytes of the storages of the live nodes, step by step
+    # (plus a computed node's workspace, in its own step)
     live, computed, elapsed = set(g.resident_inputs), set(), 0.0
     for index, step in enumerate(steps):
+        held = 0
         if isinstance(step, Compute):
             live.add(step.node)
             computed.add(step.node)
             elapsed += g[step.node].time
+            held = g[step.node].workspace
         else:
             live.discard(step.node)
-        assert trace.live[index] == resident_bytes(g, live, computed)
+        assert trace.live[index] == resident_bytes(g, live, computed) + held
         assert trace.clock[index] == elapsed
     # at the end exactly the resident inputs and the outputs hold device memory
     assert live == set(g.resident_inputs) | set(g.outputs)
     end = trace.live[-1] if trace.live else trace.baseline
+    if steps and isinstance(steps[-1], Compute):
+        end -= g[steps[-1].node].workspace
     assert end == resident_bytes(g, set(g.resident_inputs) | set(g.outputs), computed)
     assert trace.time == g.total_time
 
@@ -416,7 +422,29 @@ def test_simulate_topological_order_with_frees(g):
 def test_without_frees_nothing_is_released(g):
     steps = topological_steps(g)
     trace = simulate(g, Schedule(tuple(steps)))
-    # memory only grows, and ends at every storage's bytes (carving moves, never adds)
-    assert list(trace.live) == sorted(trace.live)
+    # memory only grows (but for each step's own workspace), and ends at every storage's
+    # bytes (carving moves, never adds)
+    held = [trace.live[i] - g[step.node].workspace for i, step in enumerate(steps)]
+    assert held == sorted(held)
     everything = set(range(len(g)))
-    assert trace.peak == resident_bytes(g, everything, everything)
+    assert trace.peak == max(resident_bytes(g, everything, everything), *trace.live)
+
+
+def test_a_workspace_is_held_in_its_step_and_at_every_recomputation():
+    # a: 10 B, holding 50 B while it runs; b = g(a): 10 B; c = h(a, b): 10 B, the output
+    g = Graph(
+        nodes=(
+            Node(0, "a", "f", bytes=10, workspace=50),
+            Node(1, "b", "g", (0,), bytes=10),
+            Node(2, "c", "h", (0, 1), bytes=10),
+        ),
+        outputs=(2,),
+    )
+    steps = (C(0), C(1), F(0), C(0), C(2), F(0), F(1))
+    trace = simulate(g, Schedule(steps))
+    # 10 + 50 | 20 | 10 | 20 + 50 (recomputed: the workspace again) | 30 | 20 | 10
+    assert trace.live == (60, 20, 10, 70, 30, 20, 10)
+    assert (trace.peak, trace.peak_step) == (70, 3)
+    held = [a for a in trace.allocations if a.bytes == 50]
+    assert [(a.start, a.end) for a in held] == [(0, 1), (3, 4)]  # each for its step only
+    assert remat.score(g, [0, 1, 0, 2]).peak == 70  # the literature's rules count it too

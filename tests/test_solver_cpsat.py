@@ -26,8 +26,9 @@ GRAPHS = Path(__file__).resolve().parents[1] / "benchmarks" / "graphs"
 GENERAL = SolverOptions(problem="general", time_limit=20.0)
 
 
-def random_dag(seed: int, n: int) -> Graph:
-    """n nodes, each reading one to two earlier ones, with 1..9 bytes and 1..5 time units."""
+def random_dag(seed: int, n: int, workspace: bool = False) -> Graph:
+    """n nodes, each reading one to two earlier ones, with 1..9 bytes and 1..5 time units;
+    with `workspace`, about a third hold 1..9 bytes more while they run."""
     rng = random.Random(seed)
     nodes = []
     for v in range(n):
@@ -40,14 +41,16 @@ def random_dag(seed: int, n: int) -> Graph:
                 inputs=reads,
                 bytes=rng.randint(1, 9),
                 time=float(rng.randint(1, 5)),
+                workspace=rng.randint(1, 9) if workspace and rng.random() < 0.35 else 0,
             )
         )
     return Graph(nodes=tuple(nodes), name=f"dag{seed}")
 
 
 def least_footprint(graph: Graph) -> int:
-    """No schedule peaks below a node plus its inputs, all resident when it runs."""
-    return max(n.bytes + sum(graph[u].bytes for u in set(n.inputs)) for n in graph)
+    """No schedule peaks below a node plus its inputs and its workspace, all held when it
+    runs."""
+    return max(n.bytes + n.workspace + sum(graph[u].bytes for u in set(n.inputs)) for n in graph)
 
 
 def prefix_peak(graph: Graph, sequence: Sequence[int]) -> int:
@@ -62,6 +65,7 @@ def prefix_peak(graph: Graph, sequence: Sequence[int]) -> int:
         last_read.append(step)
     return max(
         sum(graph[sequence[k]].bytes for k in range(t + 1) if last_read[k] >= t)
+        + graph[sequence[t]].workspace
         for t in range(len(sequence))
     )
 
@@ -104,9 +108,11 @@ def accepted(graph: Graph, result: SolveResult, budget: int) -> remat.Score:
     return score
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_agrees_with_brute_force(seed: int) -> None:
-    graph = random_dag(seed, 6 + seed % 2)
+@pytest.mark.parametrize(
+    ("seed", "workspace"), [(s, False) for s in range(8)] + [(s, True) for s in range(4)]
+)
+def test_agrees_with_brute_force(seed: int, workspace: bool) -> None:
+    graph = random_dag(seed, 6 + seed % 2, workspace)
     rng = random.Random(seed)
     low, high = least_footprint(graph), remat.reference(graph).peak
     for budget in sorted({low, rng.randint(low, max(low, high)), high}):

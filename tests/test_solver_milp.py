@@ -33,15 +33,17 @@ VGG16 = (
 )
 
 
-def random_dag(seed: int, nodes: int) -> Graph:
-    """A literature-style DAG: every node computed, each reading up to three earlier ones."""
+def random_dag(seed: int, nodes: int, workspace: bool = False) -> Graph:
+    """A literature-style DAG: every node computed, each reading up to three earlier ones;
+    with `workspace`, about a third of the nodes hold 1-20 bytes more while they run."""
     rng = random.Random(seed)
     built = []
     for v in range(nodes):
         reads = tuple(sorted(rng.sample(range(v), min(v, rng.randint(0, 3)))))
+        held = rng.randint(1, 20) if workspace and rng.random() < 0.35 else 0
         built.append(
-            Node(id=v, name=f"n{v}", op="op", inputs=reads,
-                 bytes=rng.randint(1, 20), time=float(rng.randint(1, 5)))
+            Node(id=v, name=f"n{v}", op="op", inputs=reads, bytes=rng.randint(1, 20),
+                 time=float(rng.randint(1, 5)), workspace=held)
         )  # fmt: skip
     return Graph(nodes=tuple(built), name=f"dag{seed}")
 
@@ -81,9 +83,12 @@ def judged_peak(graph: Graph, result) -> int:
     return trace.peak
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_agrees_with_brute_force_on_random_dags(seed: int) -> None:
-    graph = random_dag(seed, nodes=4 + seed % 3)  # 4 to 6 nodes: at most 2**15 sequences
+@pytest.mark.parametrize(
+    ("seed", "workspace"), [(s, False) for s in range(12)] + [(s, True) for s in range(6)]
+)
+def test_agrees_with_brute_force_on_random_dags(seed: int, workspace: bool) -> None:
+    # 4 to 6 nodes: at most 2**15 sequences
+    graph = random_dag(seed, nodes=4 + seed % 3, workspace=workspace)
     brute = BruteForce(graph)
     least, reference = brute.least_peak, remat.reference(graph).peak
     for budget in sorted({least, (least + reference) // 2, reference}):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from memplan.errors import InvalidSchedule
 from memplan.graph import Decision, Graph, SolveResult
 from memplan.planner.layout import EXACT_TIME_LIMIT, Layout, lay_out
-from memplan.simulate import MemoryTrace, simulate
+from memplan.simulate import Allocation, MemoryTrace, simulate
 from memplan.solvers import SolverOptions
 from memplan.solvers.greedy import hiding_windows, release_options
 from memplan.solvers.training import build_schedule, decider, saved_storages
@@ -127,7 +127,7 @@ def _window(graph: Graph, fit: ArenaFit, options: SolverOptions) -> SolveResult 
         key=lambda i: layout.offsets[i],
     )
     decisions = dict(fit.result.decisions)
-    releases = _releases(graph, [allocations[i].node for i in live], decisions, options)
+    releases = _releases(graph, [allocations[i] for i in live], decisions, options)
     best: tuple[float, dict[int, Decision]] | None = None
     for first in range(len(live)):
         floor = layout.offsets[live[first - 1]] + layout.sizes[live[first - 1]] if first else 0
@@ -163,16 +163,22 @@ def _window(graph: Graph, fit: ArenaFit, options: SolverOptions) -> SolveResult 
 
 
 def _releases(
-    graph: Graph, nodes: list[int], decisions: dict[int, Decision], options: SolverOptions
+    graph: Graph,
+    allocations: list[Allocation],
+    decisions: dict[int, Decision],
+    options: SolverOptions,
 ) -> list[tuple[float, dict[int, Decision]] | None]:
-    """Per allocation (by its node): the cheapest (added seconds, decisions) that releases
-    its saved storage, None where it holds no kept saved storage."""
+    """Per allocation: the cheapest (added seconds, decisions) that releases its saved
+    storage, None where it holds no kept saved storage (a workspace never does)."""
     groups = saved_storages(graph)
     decision = decider(graph, decisions)
     windows = hiding_windows(graph) if options.bandwidth else {}
     found: list[tuple[float, dict[int, Decision]] | None] = []
-    for node in nodes:
-        owner = graph.storage_owner[node]
+    for allocation in allocations:
+        if allocation.workspace:
+            found.append(None)
+            continue
+        owner = graph.storage_owner[allocation.node]
         kept = [v for v in groups.get(owner, []) if decision(v) is Decision.KEEP]
         ways = release_options(graph, owner, kept, decision, windows, options) if kept else []
         cheapest = min(ways, key=lambda way: way[0], default=None)

@@ -10,7 +10,6 @@ import statistics
 import threading
 import time
 import weakref
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -21,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from memplan.passes.host_memory import add_host_storage, in_host_scope, is_host_storage
+from memplan.planner.allocator import recording
 
 # Live trackers, so that marking a storage host-resident after it was counted uncounts it.
 _TRACKERS: weakref.WeakSet[LiveStorageTracker] = weakref.WeakSet()
@@ -48,13 +48,11 @@ class LiveStorageTracker(TorchDispatchMode):
     def __init__(
         self,
         resident: Iterable[torch.Tensor] = (),
-        cap_bytes: int | None = None,
         *,
         device: torch.device | str = "cpu",
     ) -> None:
         super().__init__()
         self.device = torch.device(device)
-        self.cap_bytes = cap_bytes
         self.current = 0
         self.peak = 0
         # Keyed by id(storage): stable while the storage lives, and the callback drops the
@@ -65,7 +63,6 @@ class LiveStorageTracker(TorchDispatchMode):
         self._lock = threading.RLock()
         for t in _dense_tensors(resident):
             self._track(t.untyped_storage())
-        self._check_cap("the resident tensors")
         _TRACKERS.add(self)
 
     def __torch_dispatch__(
@@ -79,13 +76,10 @@ class LiveStorageTracker(TorchDispatchMode):
         # An output sharing an input's storage (a view, an in-place op) allocated nothing,
         # even when that input predates the tracker and was never counted.
         inputs = {id(t.untyped_storage()) for t in _dense_tensors((args, kwargs))}
-        counted = False
         for t in _dense_tensors(out):
             storage = t.untyped_storage()
             if id(storage) not in inputs:
-                counted |= self._track(storage)
-        if counted:
-            self._check_cap(str(func))
+                self._track(storage)
         return out
 
     def forget(self, storage: torch.UntypedStorage) -> None:
@@ -96,34 +90,26 @@ class LiveStorageTracker(TorchDispatchMode):
             if entry is not None:
                 self.current -= entry[1]
 
-    def _track(self, storage: torch.UntypedStorage) -> bool:
+    def _track(self, storage: torch.UntypedStorage) -> None:
         """Count `storage` if it is new, on the tracked device and not host memory."""
         if in_host_scope():
             add_host_storage(storage)
         if not _on(storage.device, self.device) or is_host_storage(storage):
-            return False
+            return
         with self._lock:
             key = id(storage)
             if key in self._live:
-                return False
+                return
             nbytes = storage.nbytes()
             self._live[key] = (weakref.ref(storage, partial(self._release, key)), nbytes)
             self.current += nbytes
             self.peak = max(self.peak, self.current)
-        return True
 
     def _release(self, key: int, _ref: weakref.ref[torch.UntypedStorage]) -> None:
         with self._lock:
             entry = self._live.pop(key, None)
             if entry is not None:
                 self.current -= entry[1]
-
-    def _check_cap(self, what: str) -> None:
-        if self.cap_bytes is not None and self.current > self.cap_bytes:
-            raise torch.OutOfMemoryError(
-                f"memplan tracker: {what} raised live {self.device.type} memory to "
-                f"{self.current} B, above the cap of {self.cap_bytes} B"
-            )
 
 
 @dataclass(frozen=True)
@@ -152,11 +138,12 @@ def measure_peak(
     - "allocator": the profiler's allocation events summed in time order: the peak above
       the starting level, which sees kernel scratch buffers and compiled code, plus the
       resident storages.
-    "auto" is "cuda" on a CUDA device and "tracker" elsewhere.
+    "auto" reads the allocator: "cuda" on a CUDA device and "allocator" elsewhere. The
+    tracker is a diagnostic: the difference from the allocator is kernels' own buffers.
     """
     device = torch.device(device)
     if method == "auto":
-        method = "cuda" if device.type == "cuda" else "tracker"
+        method = "cuda" if device.type == "cuda" else "allocator"
     if method not in _METHODS:
         raise ValueError(f"unknown measure method {method!r}; expected one of {sorted(_METHODS)}")
     # Garbage from earlier work, collected in the middle of the step, would show up as frees
@@ -196,7 +183,7 @@ def _measure_cuda(
     torch.cuda.reset_peak_memory_stats(device)
     seconds = _timed(step, device)
     above_start = torch.cuda.max_memory_allocated(device) - start
-    return _resident_bytes(resident, device) + above_start, seconds
+    return resident_bytes(resident, device) + above_start, seconds
 
 
 def _measure_tracker(
@@ -211,37 +198,12 @@ def _measure_tracker(
 def _measure_allocator(
     step: Callable[[], object], resident: Sequence[torch.Tensor], device: torch.device
 ) -> tuple[int, float]:
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
+    with recording(device) as recorded:
         seconds = _timed(step, device)
-    # `prof.events()` folds an allocation into the op that made it and keeps only the
-    # frees outside any op; the raw kineto events keep every one, each with signed bytes,
-    # but not in time order.
-    events = [
-        e
-        for e in prof.profiler.kineto_results.events()
-        if e.name() == "[memory]"
-        and e.device_type().name == device.type.upper()
-        and device.index in (None, e.device_index())
-    ]
-    level = peak = 0
-    # The profiler also reports frees of blocks it saw allocated in an earlier session:
-    # a free with no block of its size allocated in this one predates the step; skip it.
-    unfreed: Counter[int] = Counter()
-    for event in sorted(events, key=lambda e: e.start_ns()):
-        nbytes = event.nbytes()
-        if nbytes > 0:
-            unfreed[nbytes] += 1
-        elif unfreed[-nbytes] > 0:
-            unfreed[-nbytes] -= 1
-        else:
-            continue
-        level += nbytes
-        peak = max(peak, level)
-    return _resident_bytes(resident, device) + peak, seconds
+    return resident_bytes(resident, device) + recorded.peak_above_start(), seconds
 
 
-def _resident_bytes(resident: Sequence[torch.Tensor], device: torch.device) -> int:
+def resident_bytes(resident: Sequence[torch.Tensor], device: torch.device) -> int:
     """Bytes of the distinct storages of `resident` on `device`."""
     return LiveStorageTracker(resident, device=device).current
 

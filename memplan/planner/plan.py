@@ -16,6 +16,7 @@ import torch.fx as fx
 from memplan.budget import Budget
 from memplan.errors import InfeasibleBudget, MemplanWarning, PlanFileError
 from memplan.graph import Decision, Graph, Schedule, SolveResult
+from memplan.passes.contiguous import contiguous_convolution_inputs
 from memplan.passes.rewrite import Lowered, rewrite
 from memplan.planner.fragmentation import MOVES, ArenaFit, fit_arena
 from memplan.planner.layout import (
@@ -34,6 +35,9 @@ from memplan.simulate import MemoryTrace, simulate
 from memplan.solvers import SolverOptions, get_solver
 from memplan.solvers.training import build_schedule
 from memplan.units import format_bytes
+
+# Where a convolution's input of another layout is copied to the one its kernel wants.
+KERNEL_COPIES, GRAPH_COPIES = "inside the kernel", "in the graph"
 
 
 def plan_graph(
@@ -222,39 +226,108 @@ class Partitioner:
         drop_checked_asserts(joint)
         joint.graph.eliminate_dead_code()
         name = self.name if not self.plans else f"{self.name}.{len(self.plans)}"
-        lowered = lower(
-            joint, num_fwd_outputs, name=name, offload_threshold=self.options.offload_threshold
-        )
-        if self.reuse is not None and self.reuse.fingerprint != lowered.fingerprint:
-            raise PlanFileError(
-                f"plan {self.reuse.name!r} was made for another graph "
-                f"(fingerprint {self.reuse.fingerprint}, this model {lowered.fingerprint})"
-            )
-        device = lowered.device
-        times = profile_graph(
-            joint,
-            device=device,
-            measure=self.options.measure,
-            cache=self.cache,
-            progress=self.options.progress,
-        )
-        graph = lowered.graph.replace_times([times.get(n.name, 0.0) for n in lowered.fx_nodes])
-        lowered = dataclasses.replace(lowered, graph=graph)
-        plan, schedule = plan_graph(
-            graph,
-            self.budget,
-            self.options,
-            device=str(device),
-            fingerprint=lowered.fingerprint,
-            reuse=self.reuse,
-        )
+        # A graph whose convolutions get inputs of another layout is planned both ways, with
+        # the copies inside the kernels and in the graph (passes/contiguous.py).
+        variants = {KERNEL_COPIES: joint}
+        if self.options.contiguous_convolutions:
+            copied = _copy_of(joint)
+            if contiguous_convolution_inputs(copied):
+                variants[GRAPH_COPIES] = copied
+        offload_threshold = self.options.offload_threshold
+        lowered = {
+            way: (v, lower(v, num_fwd_outputs, name=name, offload_threshold=offload_threshold))
+            for way, v in variants.items()
+        }
+        if self.reuse is not None:
+            fingerprint = self.reuse.fingerprint
+            matching = {w: p for w, p in lowered.items() if p[1].fingerprint == fingerprint}
+            if not matching:
+                ours = lowered[KERNEL_COPIES][1].fingerprint
+                raise PlanFileError(
+                    f"plan {self.reuse.name!r} was made for another graph "
+                    f"(fingerprint {fingerprint}, this model {ours})"
+                )
+            lowered = matching
+        # A share is of the unplanned step of the graph as traced (copies in the kernels):
+        # both ways are held to the same bytes.
+        # Warnings (a best-effort budget, a node that cannot run) are said only for the
+        # variant kept: the other's are about a graph that does not run.
+        planned: dict[str, tuple[Lowered, Plan, Schedule] | InfeasibleBudget] = {}
+        said: dict[str, list[warnings.WarningMessage]] = {}
+        budget = self.budget
+        for way, (variant, low) in lowered.items():
+            with warnings.catch_warnings(record=True) as said[way]:
+                warnings.simplefilter("always")
+                planned[way] = found = self._plan(variant, low, budget)
+            asked = found.budget if isinstance(found, InfeasibleBudget) else found[1].asked
+            budget = Budget(bytes=asked)
+        way, (chosen, plan, schedule) = _faster(planned)
+        for warning in said[way]:
+            warnings.warn(warning.message, warning.category, stacklevel=2)
+        if len(variants) > 1:
+            options = {**plan.options, "convolution_copies": way}
+            plan = dataclasses.replace(plan, options=options, requested_as=str(self.budget))
         stamp = {
             "solver": plan.solver,
             "budget": plan.budget,
             "predicted_peak": plan.predicted_peak,
             "solve_seconds": plan.solve_seconds,
         }
-        forward, backward = rewrite(lowered, schedule, stamp=stamp)
+        forward, backward = rewrite(chosen, schedule, stamp=stamp)
         self.plans.append(plan)
-        self.lowered.append(lowered)
+        self.lowered.append(chosen)
         return forward, backward
+
+    def _plan(
+        self, joint: fx.GraphModule, lowered: Lowered, budget: Budget
+    ) -> tuple[Lowered, Plan, Schedule] | InfeasibleBudget:
+        """Profile and plan one lowered joint graph for `budget`; the InfeasibleBudget
+        where nothing fits."""
+        device = lowered.device
+        profile = profile_graph(
+            joint,
+            device=device,
+            measure=self.options.measure,
+            cache=self.cache,
+            progress=self.options.progress,
+        )
+        graph = lowered.graph.replace_times(
+            [profile.seconds.get(n.name, 0.0) for n in lowered.fx_nodes],
+            [profile.workspace.get(n.name, 0) for n in lowered.fx_nodes],
+        )
+        lowered = dataclasses.replace(lowered, graph=graph)
+        try:
+            plan, schedule = plan_graph(
+                graph,
+                budget,
+                self.options,
+                device=str(device),
+                fingerprint=lowered.fingerprint,
+                reuse=self.reuse,
+            )
+        except InfeasibleBudget as infeasible:
+            return infeasible
+        return lowered, plan, schedule
+
+
+def _copy_of(joint: fx.GraphModule) -> fx.GraphModule:
+    """A joint graph module with a graph of its own (the nodes' meta shared, not copied)."""
+    graph = fx.Graph()
+    copied, output = graph.graph_copy(joint.graph, {}, return_output_node=True)  # type: ignore[misc]
+    graph.output(copied).meta = dict(output.meta)
+    return fx.GraphModule(joint, graph)
+
+
+def _faster(
+    planned: dict[str, tuple[Lowered, Plan, Schedule] | InfeasibleBudget],
+) -> tuple[str, tuple[Lowered, Plan, Schedule]]:
+    """Of the plans of a graph's variants, by name: the fastest predicted among those that
+    hold the budget asked for, else (all best effort) the least peak. Raises the least
+    InfeasibleBudget where none planned."""
+    plans = {w: p for w, p in planned.items() if not isinstance(p, InfeasibleBudget)}
+    if not plans:
+        raise min(planned.values(), key=lambda e: e.smallest_feasible)  # type: ignore[union-attr]
+    held = {w: p for w, p in plans.items() if p[1].status != "best-effort"}
+    if held:
+        return min(held.items(), key=lambda item: item[1][1].predicted_time)
+    return min(plans.items(), key=lambda item: item[1][1].predicted_peak)

@@ -1,54 +1,57 @@
-"""Seconds per node of an fx graph: measured by running it on the device, or a roofline.
+"""Seconds and transient bytes per node of an fx graph: measured by running it on the
+device, or estimated (planner/roofline.py).
+
+A node's transient is the allocator's peak while it runs above what it leaves allocated
+(its outputs): the buffers a kernel makes and frees inside itself (workspaces, copies to
+another layout, im2col columns), which no op returns, so that neither the live-storage
+tracker nor the simulator would see them otherwise. On CPU it is read from the profiler's
+allocation events inside a range around the node, on CUDA from max_memory_allocated
+around it (planner/allocator.py).
 
 Inputs are synthesised from the placeholders' `meta["val"]`, so any AOTAutograd graph runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import statistics
 import sys
 import time
+import warnings
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import torch
 from rich.progress import track
 from torch import fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils._pytree import tree_leaves, tree_map
-from torch.utils.flop_counter import FlopCounterMode
 
-from memplan.errors import UnsupportedModel
-from memplan.planner.profile_cache import ProfileCache, device_name, node_key
+from memplan.errors import MemplanWarning, UnsupportedModel
+from memplan.planner.allocator import recording
+from memplan.planner.profile_cache import Cost, ProfileCache, node_key
+from memplan.planner.roofline import (
+    concrete,
+    device_spec,
+    estimated_workspace,
+    has_measured_bound,
+    roofline_seconds,
+)
+
+# The profiler range around node i of the transient pass.
+_RANGE = "memplan.node."
 
 
 @dataclass(frozen=True)
-class DeviceSpec:
-    """What the roofline needs: FLOP/s, bytes/s to memory, and seconds per op launched."""
+class Profile:
+    """Per node name: seconds and transient bytes (0 for nodes that do no tensor work),
+    and the nodes whose figures are estimates because they could not run here."""
 
-    peak_flops: float
-    bandwidth: float
-    launch_overhead: float
-
-
-_CPU = DeviceSpec(peak_flops=5e10, bandwidth=1e10, launch_overhead=5e-6)
-# FP32 CUDA-core peaks and HBM bandwidth: conservative, TF32 and BF16 matmuls run faster.
-# Matched as substrings of the device name; no key is a substring of another model's name.
-_CUDA = {
-    "H200": DeviceSpec(peak_flops=6.7e13, bandwidth=4.8e12, launch_overhead=5e-6),
-    "H100": DeviceSpec(peak_flops=6.7e13, bandwidth=3.35e12, launch_overhead=5e-6),
-    "A100": DeviceSpec(peak_flops=1.95e13, bandwidth=1.5e12, launch_overhead=5e-6),
-    "V100": DeviceSpec(peak_flops=1.5e13, bandwidth=9e11, launch_overhead=5e-6),
-}
-_CUDA_DEFAULT = DeviceSpec(peak_flops=1e13, bandwidth=3e11, launch_overhead=5e-6)
-
-
-def device_spec(device: torch.device) -> DeviceSpec:
-    """The roofline parameters of `device`; an unknown GPU gets a slow one's."""
-    if device.type != "cuda":
-        return _CPU
-    name = device_name(device)
-    return next((spec for key, spec in _CUDA.items() if key in name), _CUDA_DEFAULT)
+    seconds: dict[str, float]
+    workspace: dict[str, int]
+    estimated: tuple[str, ...] = field(default=())
 
 
 def profile_graph(
@@ -60,24 +63,60 @@ def profile_graph(
     warmup: int = 2,
     cache: ProfileCache | None = None,
     progress: bool = True,
-) -> dict[str, float]:
-    """Seconds per node name; nodes that produce no tensor (placeholders, getitem) get 0.0.
+) -> Profile:
+    """The time and transient memory of every node of `gm` on `device`.
 
     Measured times are the median of `repeats` passes over the whole graph after `warmup`,
-    pooled over nodes with the same `node_key`. With a `cache`, a graph whose keys are all
-    cached runs nothing. Roofline times (`measure=False`, or a node that fails to run) are
+    and transients the most of one more pass, both pooled over nodes with the same
+    `node_key`. With a `cache`, a graph whose keys are all cached runs nothing. Estimates
+    (`measure=False`, or a node that fails to run alone, which a MemplanWarning names) are
     never cached: they cost less to recompute than to look up.
     """
     device = torch.device(device)
-    times = dict.fromkeys((n.name for n in gm.graph.nodes), 0.0)
+    names = [n.name for n in gm.graph.nodes]
+    seconds, workspace = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0)
     work = [n for n in gm.graph.nodes if _does_tensor_work(n)]
     keys = {n: node_key(n, device) for n in work} if measure else {}
-    measured = _cached_or_measured(gm, keys, device, cache, warmup, repeats, progress)
+    # AOTAutograd calls the partition function with its fake tensor mode active: a real
+    # measurement runs outside it, or every kernel would be a fake one's bookkeeping.
+    with unset_fake_temporarily():
+        measured = _cached_or_measured(gm, keys, device, cache, warmup, repeats, progress)
     spec = device_spec(device)
+    estimated = []
     for node in work:
-        key = keys.get(node)
-        times[node.name] = measured[key] if key in measured else roofline_seconds(node, spec)
-    return times
+        cost = measured.get(keys.get(node, ""))
+        if cost is None:
+            cost = Cost(roofline_seconds(node, spec), estimated_workspace(node))
+            if measure:
+                estimated.append(node.name)
+        seconds[node.name], workspace[node.name] = cost
+    if not measure:
+        _warn_of_unbounded(work)
+    if estimated:
+        shown = ", ".join(estimated[:5]) + (
+            f" and {len(estimated) - 5} more" if len(estimated) > 5 else ""
+        )
+        warnings.warn(
+            f"{len(estimated)} node(s) could not run alone on {device} ({shown}): their time "
+            "is a roofline estimate and their transient memory a conservative bound",
+            MemplanWarning,
+            stacklevel=2,
+        )
+    return Profile(seconds, workspace, tuple(estimated))
+
+
+def _warn_of_unbounded(nodes: list[fx.Node]) -> None:
+    """A MemplanWarning naming the ops whose transient estimate is the default guess, not a
+    bound from measurements: a plan from estimates is never silently optimistic."""
+    unknown = sorted({str(n.target) for n in nodes if not has_measured_bound(n.target)})
+    if unknown:
+        warnings.warn(
+            f"no measured bound on the transient memory of {', '.join(unknown)}: taken as "
+            "the bytes of their inputs and outputs; profile on the device (measure=True) to "
+            "know it",
+            MemplanWarning,
+            stacklevel=3,
+        )
 
 
 def _cached_or_measured(
@@ -88,34 +127,17 @@ def _cached_or_measured(
     warmup: int,
     repeats: int,
     progress: bool,
-) -> dict[str, float]:
-    """Seconds per key: all from `cache` if it has every key, else one measurement of `gm`."""
+) -> dict[str, Cost]:
+    """A Cost per key: all from `cache` if it has every key, else one measurement of `gm`."""
     unique = set(keys.values())
     cached = {k: cache.get(k) for k in unique} if cache is not None else {}
-    hits = {k: s for k, s in cached.items() if s is not None}
+    hits = {k: c for k, c in cached.items() if c is not None}
     if len(hits) == len(unique):
         return hits
     measured = _measure(gm, keys, device, warmup, repeats, progress)
     if cache is not None:
         cache.update(measured)
     return measured
-
-
-def roofline_seconds(node: fx.Node, spec: DeviceSpec) -> float:
-    """max(FLOPs / peak, bytes moved / bandwidth) + launch overhead, from meta values only."""
-    args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
-    counter = FlopCounterMode(display=False)
-    try:
-        with counter:
-            node.target(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
-        flops = counter.get_total_flops()
-    except Exception:
-        # Some ops have no meta kernel or need real data (nonzero, item): bytes only.
-        flops = 0
-    # A view reads and writes nothing; any other op reads its inputs and writes its outputs.
-    is_view = getattr(node.target, "is_view", False)
-    moved = 0 if is_view else _nbytes((args, kwargs, node.meta.get("val")))
-    return max(flops / spec.peak_flops, moved / spec.bandwidth) + spec.launch_overhead
 
 
 def _measure(
@@ -125,8 +147,9 @@ def _measure(
     warmup: int,
     repeats: int,
     progress: bool,
-) -> dict[str, float]:
-    """Median seconds per key over `repeats` timed passes; keys of nodes that failed are absent."""
+) -> dict[str, Cost]:
+    """Median seconds over `repeats` timed passes and the most transient bytes of one more
+    pass, per key; keys of nodes that failed are absent."""
     nodes = list(gm.graph.nodes)
     frees = _frees_after(nodes)
     inputs = {n: _synthesise(_val(n), device) for n in nodes if n.op == "placeholder"}
@@ -140,7 +163,45 @@ def _measure(
             for node, s in seconds.items():
                 if node in keys and node not in substitutes:
                     samples[keys[node]].append(s)
-    return {key: statistics.median(s) for key, s in samples.items()}
+    held: dict[str, int] = defaultdict(int)
+    for node, nbytes in _transients(nodes, frees, inputs, substitutes, device).items():
+        if node in keys and node not in substitutes:
+            held[keys[node]] = max(held[keys[node]], nbytes)
+    return {key: Cost(statistics.median(s), held[key]) for key, s in samples.items()}
+
+
+def _transients(
+    nodes: list[fx.Node],
+    frees: dict[fx.Node, list[fx.Node]],
+    inputs: dict[fx.Node, object],
+    substitutes: dict[fx.Node, object],
+    device: torch.device,
+) -> dict[fx.Node, int]:
+    """One pass with the allocator watched around every call: each node's transient."""
+    calls = [n for n in nodes if n.op == "call_function"]
+    if device.type == "cuda":
+        found: dict[fx.Node, int] = {}
+
+        @contextlib.contextmanager
+        def watched(node: fx.Node) -> Iterator[None]:
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            yield
+            torch.cuda.synchronize(device)
+            peak = torch.cuda.max_memory_allocated(device)
+            found[node] = max(0, peak - torch.cuda.memory_allocated(device))
+
+        _run_pass(nodes, frees, inputs, substitutes, device, around=watched)
+        return found
+    index = {node: i for i, node in enumerate(calls)}
+
+    def ranged(node: fx.Node) -> contextlib.AbstractContextManager[object]:
+        return torch.profiler.record_function(f"{_RANGE}{index[node]}")
+
+    with recording(device, marked=_RANGE) as recorded:
+        _run_pass(nodes, frees, inputs, substitutes, device, around=ranged)
+    held = recorded.transients()
+    return {node: held.get(f"{_RANGE}{i}", 0) for node, i in index.items()}
 
 
 def _run_pass(
@@ -149,8 +210,10 @@ def _run_pass(
     inputs: dict[fx.Node, object],
     substitutes: dict[fx.Node, object],
     device: torch.device,
+    around: Callable[[fx.Node], contextlib.AbstractContextManager[object]] | None = None,
 ) -> dict[fx.Node, float]:
-    """Run every call_function once, timing each; a node that raises gets a substitute."""
+    """Run every call_function once, timing each (inside `around(node)` where given); a
+    node that raises gets a substitute."""
     env = dict(inputs)
     marks: dict[fx.Node, tuple[float | torch.cuda.Event, float | torch.cuda.Event]] = {}
     for node in nodes:
@@ -160,10 +223,11 @@ def _run_pass(
             args, kwargs = fx.node.map_arg((node.args, node.kwargs), env.__getitem__)
             start = _mark(device)
             try:
-                env[node] = node.target(*args, **kwargs)
+                with around(node) if around is not None else contextlib.nullcontext():
+                    env[node] = node.target(*args, **kwargs)
             except Exception:
                 # Unrunnable here (an op without a kernel on this device, say): downstream
-                # nodes still run on an input made up from meta, and this one gets a roofline.
+                # nodes still run on an input made up from meta, and this one is estimated.
                 env[node] = substitutes[node] = _synthesise(_val(node), device)
             marks[node] = (start, _mark(device))
         for dead in frees[node]:
@@ -226,33 +290,19 @@ def _val(node: fx.Node) -> object:
 
 
 def _synthesise(val: object, device: torch.device) -> object:
-    """A real value like `val`: random floats, zero integers (always a valid index)."""
+    """A real value like `val`, with its strides (a kernel may copy an input of another
+    layout, and that copy is part of its transient): random floats, zero integers (always
+    a valid index)."""
 
     def make(v: object) -> object:
-        if isinstance(v, torch.Tensor):
-            shape = [int(s) for s in v.shape]
-            if v.dtype.is_floating_point or v.dtype.is_complex:
-                return torch.randn(shape, dtype=v.dtype, device=device)
-            return torch.zeros(shape, dtype=v.dtype, device=device)
-        return _concrete(v)
+        if not isinstance(v, torch.Tensor):
+            return concrete(v)
+        shape, stride = [int(s) for s in v.shape], [int(s) for s in v.stride()]
+        span = 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) if all(shape) else 0
+        if v.dtype.is_floating_point or v.dtype.is_complex:
+            storage = torch.randn(span, dtype=v.dtype, device=device)
+        else:
+            storage = torch.zeros(span, dtype=v.dtype, device=device)
+        return storage.as_strided(shape, stride)
 
     return tree_map(make, val)
-
-
-def _to_meta(v: object) -> object:
-    if isinstance(v, torch.Tensor):
-        shape, stride = [int(s) for s in v.shape], [int(s) for s in v.stride()]
-        return torch.empty_strided(shape, stride, dtype=v.dtype, device="meta")
-    return _concrete(v)
-
-
-def _concrete(v: object) -> object:
-    # A real or meta kernel needs a concrete number; a symbol's hint is the value traced.
-    if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool):
-        return v.node.hint
-    return v
-
-
-def _nbytes(tree: object) -> int:
-    tensors = (v for v in tree_leaves(tree) if isinstance(v, torch.Tensor))
-    return sum(t.numel() * t.element_size() for t in tensors)

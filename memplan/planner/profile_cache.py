@@ -1,4 +1,5 @@
-"""Measured op times kept on disk, keyed by op, argument signature and device.
+"""Measured op costs (time and transient memory) kept on disk, keyed by op, argument
+signature and device.
 
 Shared by every graph: a transformer's layers, and the next run's graph, hit the same keys.
 """
@@ -12,32 +13,43 @@ import platform
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import fx
 
-from memplan import config
+from memplan import checks, config
 
-CACHE_FILE = "profile-v1.json"
+# v2 entries are [seconds, transient bytes]; v1 files (seconds only) are left alone.
+CACHE_FILE = "profile-v2.json"
+
+
+class Cost(NamedTuple):
+    """What running a node costs: its median seconds and its transient bytes (the
+    allocator's peak while it runs above what it leaves allocated)."""
+
+    seconds: float
+    workspace: int
 
 
 class ProfileCache:
-    """Seconds per `node_key`, read from `path` on first use and rewritten whole on update.
+    """A Cost per `node_key`, read from `path` on first use and rewritten whole on update.
 
-    A missing or corrupt file reads as empty: the cache is only ever a shortcut.
+    A missing or corrupt file, or a corrupt entry, reads as empty: the cache is only ever a
+    shortcut.
     """
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path if path is not None else config.cache_dir() / CACHE_FILE
-        self._entries: dict[str, float] | None = None
+        self._entries: dict[str, Cost] | None = None
 
-    def get(self, key: str) -> float | None:
+    def get(self, key: str) -> Cost | None:
         return self._load().get(key)
 
-    def update(self, seconds: Mapping[str, float]) -> None:
-        """Add `seconds` and write the file atomically, so no reader sees half of it."""
+    def update(self, costs: Mapping[str, Cost]) -> None:
+        """Add `costs` and write the file atomically, so no reader sees half of it."""
         entries = self._load()
-        entries.update(seconds)
+        entries.update(costs)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name, suffix=".tmp")
         try:
@@ -48,7 +60,7 @@ class ProfileCache:
             os.unlink(tmp)
             raise
 
-    def _load(self) -> dict[str, float]:
+    def _load(self) -> dict[str, Cost]:
         if self._entries is None:
             self._entries = _read(self.path)
         return self._entries
@@ -70,18 +82,20 @@ def device_name(device: torch.device) -> str:
     return device.type
 
 
-def _read(path: Path) -> dict[str, float]:
+def _read(path: Path) -> dict[str, Cost]:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
     if not isinstance(data, dict):
         return {}
-    return {
-        k: float(v)
-        for k, v in data.items()
-        if isinstance(v, int | float) and not isinstance(v, bool)
-    }
+    entries = {}
+    for key, value in data.items():
+        try:
+            entries[key] = Cost(checks.seconds(value[0]), checks.count(value[1]))
+        except (checks.Mismatch, TypeError, IndexError, KeyError):
+            continue
+    return entries
 
 
 def _signature(val: object) -> object:

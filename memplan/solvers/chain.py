@@ -309,8 +309,8 @@ def _live_outside(graph: Graph, problem: str, chain_nodes: set[int]) -> dict[int
 
 def _stage_forward_peak(graph: Graph, members: Sequence[int], kept: Collection[int]) -> int:
     """Peak bytes of running a stage's nodes in order, each freed after its last read
-    inside the stage (the checkpoint's nodes stay). Carved outputs take their bytes out of
-    their producer's, so they add none."""
+    inside the stage (the checkpoint's nodes stay), each holding its workspace as it runs.
+    Carved outputs take their bytes out of their producer's, so they add none."""
     inside = set(members)
     last_read = {v: v for v in members}
     for v in members:
@@ -325,6 +325,6 @@ def _stage_forward_peak(graph: Graph, members: Sequence[int], kept: Collection[i
     live = peak = 0
     for v in members:
         live += sizes[v]
-        peak = max(peak, live)
+        peak = max(peak, live + graph[v].workspace)
         live -= sum(sizes[u] for u in frees.get(v, ()))
     return peak

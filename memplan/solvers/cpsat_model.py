@@ -48,6 +48,7 @@ class Scale:
 
     quantum: int
     demand: tuple[int, ...]
+    transient: tuple[int, ...]  # each node's workspace, held while it computes
     capacity: int
     footprint: int  # the largest scaled memory one computation needs: a floor for the peak
     footprint_bytes: int  # the same in bytes: no schedule peaks lower
@@ -60,13 +61,19 @@ class Scale:
     @classmethod
     def of(cls, graph: Graph, budget: int | None) -> Scale:
         sizes = [n.bytes for n in graph]
-        reach = budget if budget is not None else sum(sizes)
-        quantum = math.gcd(*sizes, reach) or 1
+        held = [n.workspace for n in graph]
+        reach = budget if budget is not None else sum(sizes) + max(held, default=0)
+        quantum = math.gcd(*sizes, *held, reach) or 1
         if reach // quantum > CAPACITY_UNITS:
             quantum = -(-reach // CAPACITY_UNITS)
         demand = tuple(-(-b // quantum) for b in sizes)
-        footprint = max(demand[n.id] + sum(demand[u] for u in set(n.inputs)) for n in graph)
-        footprint_bytes = max(n.bytes + sum(sizes[u] for u in set(n.inputs)) for n in graph)
+        transient = tuple(-(-w // quantum) for w in held)
+        footprint = max(
+            demand[n.id] + transient[n.id] + sum(demand[u] for u in set(n.inputs)) for n in graph
+        )
+        footprint_bytes = max(
+            n.bytes + n.workspace + sum(sizes[u] for u in set(n.inputs)) for n in graph
+        )
         times = [n.time for n in graph]
         largest = max(times, default=0.0)
         if all(t.is_integer() for t in times) and sum(times) <= 2**40:
@@ -78,14 +85,15 @@ class Scale:
         return cls(
             quantum=quantum,
             demand=demand,
+            transient=transient,
             capacity=(budget // quantum) if budget is not None else 0,
             footprint=footprint,
             footprint_bytes=footprint_bytes,
-            total=sum(demand),
+            total=sum(demand) + max(transient, default=0),
             cost=cost,
             per_time=per_time,
             slack=slack,
-            exact=all(b % quantum == 0 for b in sizes),
+            exact=all(b % quantum == 0 for b in (*sizes, *held)),
         )
 
     def time_bound(self, graph: Graph, bound: float) -> float:

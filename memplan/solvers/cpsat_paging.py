@@ -252,6 +252,15 @@ def _build(graph: Graph, scale: Scale, times: _Times, capacity: tuple[int, int])
             model.add(copies[1].end <= m.makespan)
         m.copies.append(copies)
         demands.extend(scale.demand[v] for _ in copies)
+        if scale.transient[v]:  # held while each computed copy runs
+            resident.append(model.new_fixed_size_interval_var(first.start, compute, f"work_{v}"))
+            demands.append(scale.transient[v])
+            if len(copies) > 1 and not isinstance(copies[1].computed, bool):
+                again = model.new_optional_fixed_size_interval_var(
+                    copies[1].start, compute, copies[1].computed, f"work2_{v}"
+                )
+                resident.append(again)
+                demands.append(scale.transient[v])
     model.add_cumulative(resident, demands, m.capacity)
     model.add_no_overlap(computing)
     model.add_no_overlap(moving)

@@ -181,6 +181,9 @@ def _build(graph: Graph, scale: Scale, capacity: tuple[int, int]) -> _Model:
             intervals.append(interval)
             demands.append(scale.demand[v])
             unit_slots.append(slot)
+            if scale.transient[v]:  # held in the copy's own slot, as it computes
+                intervals.append(slot)
+                demands.append(scale.transient[v])
         m.start.append(starts)
         m.end.append(ends)
         m.present.append(present)

@@ -96,8 +96,10 @@ def _general_search(
 
 
 def _step_bytes(graph: Graph, v: int) -> int:
-    """Bytes resident while v runs with only its inputs: no sequence peaks below this."""
-    return graph[v].bytes + sum(graph[u].bytes for u in dict.fromkeys(graph[v].inputs))
+    """Bytes resident while v runs with only its inputs (and its workspace): no sequence
+    peaks below this."""
+    node = graph[v]
+    return node.bytes + node.workspace + sum(graph[u].bytes for u in dict.fromkeys(node.inputs))
 
 
 # An idle interval of value v between its touch points a (its definition or a use) and b
@@ -123,6 +125,7 @@ class _GeneralPlan:
         self.touch = [(v, *graph.users[v]) for v in range(n)]
         self.inputs = [node.inputs for node in graph]
         self.bytes = np.array([node.bytes for node in graph], dtype=np.int64)
+        self.workspace = np.array([node.workspace for node in graph], dtype=np.int64)
         self.sizes = [node.bytes for node in graph]  # the same as Python ints, for loops
         times = [node.time for node in graph]
         self.prefix = [0.0]
@@ -155,7 +158,7 @@ class _GeneralPlan:
         for v in range(n):
             change[v] += self.bytes[v]
             change[self.touch[v][-1] + 1] -= self.bytes[v]
-        mem = np.cumsum(change[:-1])
+        mem = np.cumsum(change[:-1]) + self.workspace
         best = _Sequenced(list(range(n)), self.reference)
         if best.score.peak <= target:
             return best
@@ -356,7 +359,7 @@ class _GeneralPlan:
         sizes = self.bytes[np.asarray(sequence)]
         np.add.at(change, np.arange(len(sequence)), sizes)
         np.add.at(change, np.asarray(last_read) + 1, -sizes)
-        memory = np.cumsum(change[:-1])
+        memory = np.cumsum(change[:-1]) + self.workspace[np.asarray(sequence)]
         out = np.zeros(n, dtype=np.int64)
         np.maximum.at(out, np.asarray(positions), memory)
         return out

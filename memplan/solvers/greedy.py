@@ -13,6 +13,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from memplan.errors import InvalidSchedule
 from memplan.graph import Decision, Graph, SolveResult
@@ -21,7 +22,6 @@ from memplan.solvers import SolverOptions, require_problem
 from memplan.solvers.baselines import sqrt_decisions
 from memplan.solvers.result import judged
 from memplan.solvers.training import (
-    build_schedule,
     decider,
     recompute_chain_time,
     saved_storages,
@@ -35,13 +35,17 @@ _CANDIDATES_PER_ROUND = 64
 
 def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResult:
     """Descend from two starting points, keep-all and Chen's sqrt(n) checkpoints, and
-    return the fastest schedule within the budget (or the least peak, when the budget is
-    None or none fits).
+    return the fastest state any descent passed through within the budget (or the least
+    peak, when the budget is None or none fits).
 
     Each descent releases storages cheapest per byte first. Where that does not reach the
     budget (or when minimizing), descents that release the largest storages first run
     too: cheap releases can strand the peak where only costly ones remain, and which of
     the two orders gets lower depends on the profiled times.
+
+    A descent's path does not depend on the budget (it only stops sooner for a larger
+    one), and each release adds time, so choosing among every state passed through makes
+    the peak monotone in the budget: a lower budget never gives a higher peak.
     """
     require_problem("greedy", options, "training")
     started = time.perf_counter()
@@ -50,35 +54,47 @@ def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResu
     starts = [{v: Decision.KEEP for v in graph.saved_candidates}, sqrt_decisions(graph)]
     orders = [_cost_per_byte] + ([_largest_first] if budget is None else [])
     runs = [_descend(graph, s, target, deadline, options, o) for o in orders for s in starts]
-    if budget is not None and all(r.trace.peak > budget for r in runs):
+    if budget is not None and all(r.least.peak > budget for r in runs):
         runs += [_descend(graph, s, target, deadline, options, _largest_first) for s in starts]
-    fitting = [r for r in runs if budget is not None and r.trace.peak <= budget]
+    passed = [state for run in runs for state in run.states]
+    fitting = [s for s in passed if budget is not None and s.peak <= budget]
     if fitting:
-        chosen = min(fitting, key=lambda r: (r.trace.time, r.trace.peak))
+        chosen = min(fitting, key=lambda s: (s.time, s.peak))
     else:
-        chosen = min(runs, key=lambda r: (r.trace.peak, r.trace.time))
-    timed_out = any(r.timed_out for r in runs)
+        chosen = min(passed, key=lambda s: (s.peak, s.time))
+    schedule, trace = simulate_decisions(graph, chosen.decisions, options.bandwidth)
     return judged(
         "greedy",
-        build_schedule(graph, chosen.decisions, bandwidth=options.bandwidth),
-        chosen.trace,
+        schedule,
+        trace,
         budget,
         options,
         started,
-        objective=chosen.trace.time,
-        unfit="timeout" if timed_out else "infeasible",
+        objective=trace.time,
+        unfit="timeout" if any(r.timed_out for r in runs) else "infeasible",
         decisions=chosen.decisions,
-        message=f"least peak found: {min(r.trace.peak for r in runs)} B",
+        message=f"least peak found: {min(s.peak for s in passed)} B",
     )
+
+
+class _State(NamedTuple):
+    """A set of decisions a descent passed through, with its simulated time and peak."""
+
+    time: float
+    peak: int
+    decisions: dict[int, Decision]
 
 
 @dataclass
 class _Run:
-    """Where one descent ended: the first state within the target, else its least peak."""
+    """The states one descent passed through, in order, and whether time ran out."""
 
-    decisions: dict[int, Decision]
-    trace: MemoryTrace
+    states: list[_State]
     timed_out: bool
+
+    @property
+    def least(self) -> _State:
+        return min(self.states, key=lambda s: (s.peak, s.time))
 
 
 def _descend(
@@ -94,11 +110,11 @@ def _descend(
     window = hiding_windows(graph) if options.bandwidth else {}
     decisions = dict(start)
     _, trace = simulate_decisions(graph, decisions, options.bandwidth)
-    best = _Run(dict(decisions), trace, timed_out=False)
+    run = _Run([_State(trace.time, trace.peak, dict(decisions))], timed_out=False)
     tried: set[int] = set()
     while trace.peak > target:
         if time.perf_counter() > deadline:
-            best.timed_out = True
+            run.timed_out = True
             break
         move = _cheapest_release(graph, decisions, trace, groups, tried, window, options, order)
         if move is None:
@@ -112,11 +128,10 @@ def _descend(
             continue
         if new_trace.peak <= trace.peak:
             decisions, trace = proposal, new_trace
+            run.states.append(_State(trace.time, trace.peak, dict(decisions)))
             # A release that raised the peak before may not now: the peak has moved.
             tried = {o for o in tried if not _all_kept(groups[o], decisions)}
-            if trace.peak < best.trace.peak:
-                best = _Run(dict(decisions), trace, timed_out=False)
-    return best
+    return run
 
 
 def _all_kept(members: list[int], decisions: dict[int, Decision]) -> bool:

@@ -44,11 +44,12 @@ class Stages:
     users: tuple[tuple[int, ...], ...]  # position -> positions that read it, ascending
     outputs: frozenset[int]  # positions of graph outputs
     memory: tuple[float, ...]
+    workspace: tuple[float, ...]  # held while the node runs (scaled as memory)
     cost: tuple[float, ...]
     memory_scale: float  # bytes per memory unit
     cost_scale: float
     baseline: int  # bytes of the resident inputs
-    least_peak: int  # no schedule peaks lower: a node, its inputs and the resident bytes
+    least_peak: int  # no schedule peaks lower: a node, its inputs, workspace and residents
     # With paging: position -> time to move it over the host link (scaled as cost), and
     # the positions that may be paged (offloadable, not outputs). None: no paging.
     transfer: tuple[float, ...] | None = None
@@ -88,8 +89,9 @@ class Stages:
         memory_scale = float(max(sizes, default=0) or 1)
         cost_scale = float(max(times, default=0.0) or 1.0)
         baseline = sum(n.bytes for n in graph if n.is_resident_input and n.alias_of is None)
+        held = [graph[v].workspace for v in order]
         least = max(
-            (sizes[k] + sum(sizes[u] for u in inputs[k]) for k in range(len(order))),
+            (sizes[k] + held[k] + sum(sizes[u] for u in inputs[k]) for k in range(len(order))),
             default=0,
         )
         outputs = frozenset(position[o] for o in graph.outputs if o in position)
@@ -102,6 +104,7 @@ class Stages:
             users=tuple(tuple(r) for r in users),
             outputs=outputs,
             memory=tuple(s / memory_scale for s in sizes),
+            workspace=tuple(w / memory_scale for w in held),
             cost=tuple(t / cost_scale for t in times),
             memory_scale=memory_scale,
             cost_scale=cost_scale,
@@ -268,8 +271,12 @@ def _add_stage(
             usage = usage + memory[k] * R[t, k] - _freed(pulp, stages, t, k - 1, model)
         used = problem.add_variable(f"U_{t}_{k}", 0, limit)
         problem += used == usage, f"mem_{t}_{k}"
+        # k's workspace, held while it runs: on top of U, within the same bound.
+        running = used + stages.workspace[k] * R[t, k] if stages.workspace[k] else used
+        if limit is not None and stages.workspace[k]:
+            problem += running <= limit, f"run_{t}_{k}"
         if peak is not None:
-            problem += used <= peak, f"peak_{t}_{k}"
+            problem += running <= peak, f"peak_{t}_{k}"
         usage = used
 
 

@@ -2,8 +2,8 @@
 memplan, each within a step-time overhead limit.
 
 The cap is enforced for real: on a GPU by torch.cuda.set_per_process_memory_fraction, on
-CPU by the live-storage tracker, which raises torch.OutOfMemoryError the moment live
-memory passes the cap. A batch fits a method when one training step runs under the cap
+CPU by the allocator's record of the step, which raises torch.OutOfMemoryError where its
+peak passed the cap. A batch fits a method when one training step runs under the cap
 and its time per sample is at most (1 + overhead limit) times eager's time per sample at
 eager's largest batch (eager itself has no overhead limit). The search finds the largest
 batch that runs under the cap, then the largest within the overhead limit below it.
@@ -22,7 +22,8 @@ from torch import nn
 
 from memplan.budget import Budget
 from memplan.errors import InfeasibleBudget, MemplanError
-from memplan.planner.measure import LiveStorageTracker, median_step_seconds
+from memplan.planner.allocator import recording
+from memplan.planner.measure import median_step_seconds, resident_bytes
 from memplan.planner.module import plan_module
 from memplan.planner.options import PlanOptions
 from memplan.tools.batch_search import DEFAULT_OVERHEAD, METHODS, MaxBatch, Probe, search
@@ -170,8 +171,10 @@ def capped(
 ) -> Iterator[None]:
     """Device memory limited to `cap_bytes` inside the block: torch.OutOfMemoryError above.
 
-    On CUDA the caching allocator's per-process fraction; elsewhere the live-storage
-    tracker counting `resident` from the start."""
+    On CUDA the caching allocator's per-process fraction. On CPU, where nothing limits the
+    allocator, the block runs under the allocator's record and raises afterwards if its
+    peak (the resident bytes plus the most allocated above them) passed the cap: the step
+    is deterministic, so a step that went over the cap is one that would have run out."""
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.empty_cache()
@@ -181,5 +184,10 @@ def capped(
         finally:
             torch.cuda.set_per_process_memory_fraction(1.0, device)
         return
-    with LiveStorageTracker(resident, cap_bytes, device=device):
+    with recording(device) as recorded:
         yield
+    peak = resident_bytes(resident, device) + recorded.peak_above_start()
+    if peak > cap_bytes:
+        raise torch.OutOfMemoryError(
+            f"memplan: the step's allocator peak {peak} B is above the cap of {cap_bytes} B"
+        )

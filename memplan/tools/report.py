@@ -93,6 +93,12 @@ def verification_table(check: Verification) -> Table:
         f"{format_bytes(check.measured_peak)} (measured; predicted "
         f"{format_bytes(check.predicted_peak)}, {check.prediction_error:+.2%})",
     )
+    if check.tracker_peak:
+        table.add_row(
+            "kernels' own buffers",
+            f"{format_bytes(check.kernel_buffers)} at the peak (the live-storage tracker "
+            f"sees {format_bytes(check.tracker_peak)})",
+        )
     table.add_row("within budget", "yes" if check.within_budget else "[red]no[/]")
     table.add_row(
         "gradients",

@@ -224,6 +224,23 @@ def llama(batch: int = 8, seq: int = 128, layers: int = 4, width: int = 64) -> E
     return Example("llama", model, (ids, ids.clone()), block=block)
 
 
+def convnext(batch: int = 8, image: int = 64, width: int = 16) -> Example:
+    """A ConvNeXt (depthwise 7x7 convolutions, channels-last LayerNorm, inverted
+    bottlenecks), its widths scaled by width / 96 (96 is ConvNeXt-T's)."""
+    tf = _transformers()
+    torch.manual_seed(0)
+    config = tf.ConvNextConfig(
+        hidden_sizes=[width, 2 * width, 4 * width, 8 * width],
+        depths=[2, 2, 2, 2],
+        num_labels=10,
+        problem_type="single_label_classification",  # as for vit
+    )
+    pixels, labels = torch.randn(batch, 3, image, image), torch.randint(0, 10, (batch,))
+    model = LossOf(tf.ConvNextForImageClassification(config), ("pixel_values", "labels"))
+    block = tf.models.convnext.modeling_convnext.ConvNextLayer
+    return Example("convnext", model, (pixels, labels), block=block)
+
+
 ZOO: dict[str, Callable[..., Example]] = {
     "mlp": mlp,
     "cnn": cnn,
@@ -233,4 +250,5 @@ ZOO: dict[str, Callable[..., Example]] = {
     "resnet": resnet,
     "resnet50": resnet50,
     "llama": llama,
+    "convnext": convnext,
 }

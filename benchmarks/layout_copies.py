@@ -1,0 +1,140 @@
+"""`python -m benchmarks.layout_copies`: a convolution's layout copies inside its kernel, or
+made in the graph (passes/contiguous.py)?
+
+On the zoo's ConvNeXt, greedy plans the step with the copies inside the kernels only
+(`contiguous_convolutions` off) and with memplan choosing (on: each graph is planned both
+ways and the faster plan within the budget kept), at the unplanned peak, 70% and 50% of it
+and the least feasible budget; each planned step is
+read by the allocator (its peak) and timed (the median of REPEATS steps), and the
+gradients are compared with eager's. Writes benchmarks/results/layout-copies-<device>.json
+and the section of docs/measurement.md between its markers. Run it alone: step times on a
+shared machine are noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import memplan
+from benchmarks.pages import write_section
+from memplan.budget import Budget
+from memplan.files import write_json_atomically
+from memplan.planner.measure import measure_peak, median_step_seconds
+from memplan.tools.verify import compare_grads, resident_tensors, training_step
+from memplan.tools.zoo import ZOO, Example
+from memplan.units import format_bytes
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "measurement.md"
+MARKERS = ("<!-- layout copies: start -->", "<!-- layout copies: end -->")
+WAYS = {"inside the kernel": False, "memplan's choice": True}
+SETTINGS = ("100%", "70%", "50%", "least")
+# Steps of about 15 ms on a 2-core CPU are noisy by a few ms: time many.
+REPEATS = 21
+
+
+@dataclass(frozen=True)
+class Row:
+    way: str
+    setting: str
+    chosen: str  # where the plan's copies are made: "inside the kernel" or "in the graph"
+    budget: int
+    unplanned_peak: int
+    predicted_peak: int
+    measured_peak: int  # the allocator's
+    step_seconds: float
+    max_grad_error: float
+    grads_match: bool
+
+
+def run(example: Example, way: str, setting: str) -> Row:
+    options = {"contiguous_convolutions": WAYS[way], "progress": False}
+    model = copy.deepcopy(example.model)
+    budget: str | Budget = setting
+    if setting == "least":
+        try:
+            memplan.plan(copy.deepcopy(model), example.inputs, "1 B", **options)
+        except memplan.InfeasibleBudget as error:
+            budget = Budget(bytes=error.smallest_feasible)
+    try:
+        planned = memplan.optimize(model, example.inputs, budget, **options)
+    except memplan.InfeasibleBudget as error:
+        return Row(
+            way, setting, "no plan", error.budget, 0, error.smallest_feasible, 0, 0.0, 0.0, False
+        )
+    step = training_step(planned, example.inputs)
+    cpu = torch.device("cpu")
+    step()
+    for p in model.parameters():
+        p.grad = None
+    peak = measure_peak(step, resident=resident_tensors(model, example.inputs), device=cpu)
+    eager = copy.deepcopy(example.model)
+    training_step(eager, example.inputs)()
+    error, match = compare_grads(model, {n: p.grad for n, p in eager.named_parameters()})
+    seconds = median_step_seconds(step, device=cpu, repeats=REPEATS, warmup=3)
+    plan = planned.plan
+    chosen = str(plan.options.get("convolution_copies", "inside the kernel"))
+    return Row(way, setting, chosen, plan.budget, plan.unplanned_peak, plan.predicted_peak,
+               peak.peak_bytes, seconds, error, match)  # fmt: skip
+
+
+def markdown(data: dict[str, Any]) -> str:
+    rows = [Row(**r) for r in data["rows"]]
+    lines = [
+        f"Written by `python -m benchmarks.layout_copies` on {data['machine']}: the zoo's "
+        f"ConvNeXt ({data['size']}), planned by greedy, peaks read by the allocator, step "
+        f"times the median of {REPEATS}.",
+        "",
+        "| copies | budget | plan's copies | unplanned peak | predicted peak | measured peak "
+        "| step time | gradients |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        budget = f"{r.setting} ({format_bytes(r.budget)})"
+        if r.chosen == "no plan":
+            lines.append(
+                f"| {r.way} | {budget} | none: the least feasible peak is "
+                f"{format_bytes(r.predicted_peak)} | | | | | |"
+            )
+            continue
+        grads = "eager's" if r.grads_match else f"differ by {r.max_grad_error:.2g}"
+        lines.append(
+            f"| {r.way} | {budget} | {r.chosen} | {format_bytes(r.unplanned_peak)} | "
+            f"{format_bytes(r.predicted_peak)} | {format_bytes(r.measured_peak)} | "
+            f"{r.step_seconds * 1e3:.1f} ms | {grads} |"
+        )
+    return "\n".join([*lines, ""]) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--report-only", action="store_true", help="rewrite the page from JSON")
+    args = parser.parse_args(argv)
+    path = ROOT / "benchmarks" / "results" / "layout-copies-cpu.json"
+    if args.report_only:
+        data = json.loads(path.read_text())
+    else:
+        size = {"batch": 8, "image": 64, "width": 16}
+        example = ZOO["convnext"](**size)
+        found = [asdict(run(example, way, s)) for way in WAYS for s in SETTINGS]
+        cpu = platform.processor() or platform.machine()
+        machine = f"{cpu}, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}"
+        data = {"machine": machine, "size": json.dumps(size), "rows": found}
+        write_json_atomically(path, data)
+    write_section(PAGE, markdown(data), *MARKERS)
+    print(f"wrote {path.relative_to(ROOT)} and {PAGE.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,18 @@
+"""Writing a benchmark's section of a docs page: the text between two marker lines, which
+a rerun replaces and the rest of the page keeps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def write_section(page: Path, text: str, start: str, end: str) -> None:
+    """Put `text` between the page's `start` and `end` markers (appending them the first
+    time)."""
+    content = page.read_text() if page.exists() else ""
+    if start in content and end in content:
+        before, rest = content.split(start, 1)
+        after = rest.split(end, 1)[1]
+    else:
+        before, after = content.rstrip("\n") + "\n\n", "\n"
+    page.write_text(f"{before}{start}\n{text}{end}{after}")

@@ -1,0 +1,117 @@
+"""Reading the allocator, the measurement of truth: what an out-of-memory error counts.
+
+On CPU, torch.profiler's allocation events (profile_memory=True): every block the
+allocator hands out or takes back, on any thread, with its address, kernels' own buffers
+included. A free counts only where the block was allocated inside what is measured, so
+that garbage from before a step (freed during it) does not hide the step's own peak. On
+CUDA, the caching allocator's counters (memory_allocated and max_memory_allocated).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch._C._profiler import _EventType
+
+
+@dataclass(frozen=True)
+class Allocated:
+    """One allocation event: when (ns), its signed size (a free is negative), the block."""
+
+    at: int
+    nbytes: int
+    ptr: int
+
+
+@dataclass
+class Recording:
+    """The allocation events of a profiled block in time order, and the ranges it opened
+    with torch.profiler.record_function, by name."""
+
+    events: list[Allocated] = field(default_factory=list)
+    ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def peak_above_start(self) -> int:
+        """The most bytes of blocks allocated inside the block live at once."""
+        return _peak_and_end(self.events)[0]
+
+    def transients(self) -> dict[str, int]:
+        """Per range: the most bytes of blocks allocated inside it live at once, above what
+        is left at its end: the bytes a kernel held inside itself beyond its outputs."""
+        times = [e.at for e in self.events]
+        found = {}
+        for name, (start, end) in self.ranges.items():
+            peak, left = _peak_and_end(
+                self.events[bisect_left(times, start) : bisect_right(times, end)]
+            )
+            found[name] = peak - left
+        return found
+
+
+def _peak_and_end(events: list[Allocated]) -> tuple[int, int]:
+    """The most bytes of the blocks allocated in `events` live at once, and at the end."""
+    live: dict[int, int] = {}
+    level = peak = 0
+    for event in events:
+        if event.nbytes > 0:
+            live[event.ptr] = event.nbytes
+            level += event.nbytes
+            peak = max(peak, level)
+        elif event.ptr in live:
+            level -= live.pop(event.ptr)
+    return peak, level
+
+
+@contextlib.contextmanager
+def recording(device: torch.device, marked: str | None = None) -> Iterator[Recording]:
+    """Record `device`'s allocation events inside the block (CPU), and the ranges opened
+    with a name that starts with `marked`. Kineto's start and stop lines on stderr are held
+    back: a user's terminal is no place for them."""
+    profiler = torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+    )
+    with _stderr_held_back():
+        profiler.__enter__()
+    found = Recording()
+    try:
+        yield found
+    finally:
+        with _stderr_held_back():
+            profiler.__exit__(None, None, None)
+    pending = list(profiler.profiler.kineto_results.experimental_event_tree())
+    while pending:
+        event = pending.pop()
+        pending.extend(event.children)
+        if event.tag == _EventType.Allocation:
+            fields = event.extra_fields
+            if _on(fields.device, device):
+                found.events.append(Allocated(event.start_time_ns, fields.alloc_size, fields.ptr))
+        elif marked is not None and event.name.startswith(marked):
+            found.ranges[event.name] = (event.start_time_ns, event.end_time_ns)
+    found.events.sort(key=lambda e: e.at)
+
+
+def _on(actual: torch.device, wanted: torch.device) -> bool:
+    return actual.type == wanted.type and wanted.index in (None, actual.index)
+
+
+@contextlib.contextmanager
+def _stderr_held_back() -> Iterator[None]:
+    """Send this process's stderr (file descriptor 2, which C++ writes to) to the null
+    device inside the block."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)

@@ -1,0 +1,153 @@
+"""Estimates where nothing is measured: a node's time from a roofline of the device, and
+its transient memory from a conservative bound per op family.
+
+A plan made from estimates must never be silently optimistic about memory: each family's
+bound is at least the largest transient measured on the zoo models (docs/measurement.md
+has the table and how it was measured), and ops of no known family get the largest bound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import fx
+from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils.flop_counter import FlopCounterMode
+
+from memplan.planner.profile_cache import device_name
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """What the roofline needs: FLOP/s, bytes/s to memory, and seconds per op launched."""
+
+    peak_flops: float
+    bandwidth: float
+    launch_overhead: float
+
+
+_CPU = DeviceSpec(peak_flops=5e10, bandwidth=1e10, launch_overhead=5e-6)
+# FP32 CUDA-core peaks and HBM bandwidth: conservative, TF32 and BF16 matmuls run faster.
+# Matched as substrings of the device name; no key is a substring of another model's name.
+_CUDA = {
+    "H200": DeviceSpec(peak_flops=6.7e13, bandwidth=4.8e12, launch_overhead=5e-6),
+    "H100": DeviceSpec(peak_flops=6.7e13, bandwidth=3.35e12, launch_overhead=5e-6),
+    "A100": DeviceSpec(peak_flops=1.95e13, bandwidth=1.5e12, launch_overhead=5e-6),
+    "V100": DeviceSpec(peak_flops=1.5e13, bandwidth=9e11, launch_overhead=5e-6),
+}
+_CUDA_DEFAULT = DeviceSpec(peak_flops=1e13, bandwidth=3e11, launch_overhead=5e-6)
+
+
+def device_spec(device: torch.device) -> DeviceSpec:
+    """The roofline parameters of `device`; an unknown GPU gets a slow one's."""
+    if device.type != "cuda":
+        return _CPU
+    name = device_name(device)
+    return next((spec for key, spec in _CUDA.items() if key in name), _CUDA_DEFAULT)
+
+
+def roofline_seconds(node: fx.Node, spec: DeviceSpec) -> float:
+    """max(FLOPs / peak, bytes moved / bandwidth) + launch overhead, from meta values only."""
+    args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+    counter = FlopCounterMode(display=False)
+    try:
+        with counter:
+            node.target(*tree_map(to_meta, args), **tree_map(to_meta, kwargs))
+        flops = counter.get_total_flops()
+    except Exception:
+        # Some ops have no meta kernel or need real data (nonzero, item): bytes only.
+        flops = 0
+    # A view reads and writes nothing; any other op reads its inputs and writes its outputs.
+    is_view = getattr(node.target, "is_view", False)
+    moved = 0 if is_view else _nbytes((args, kwargs, node.meta.get("val")))
+    return max(flops / spec.peak_flops, moved / spec.bandwidth) + spec.launch_overhead
+
+
+def to_meta(v: object) -> object:
+    """A meta tensor like `v` (shape, strides, dtype), or a concrete number for a symbol."""
+    if isinstance(v, torch.Tensor):
+        shape, stride = [int(s) for s in v.shape], [int(s) for s in v.stride()]
+        return torch.empty_strided(shape, stride, dtype=v.dtype, device="meta")
+    return concrete(v)
+
+
+def concrete(v: object) -> object:
+    """A number for a symbol (its hint: the value traced); anything else as it is."""
+    if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool):
+        return v.node.hint
+    return v
+
+
+def _nbytes(tree: object) -> int:
+    tensors = (v for v in tree_leaves(tree) if isinstance(v, torch.Tensor))
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+aten = torch.ops.aten
+# Op families and their bounds on a node's transient bytes, in terms of the bytes of its
+# tensor inputs and outputs (io). Each bound is at least the largest transient measured
+# on the zoo models on CPU (`python -m benchmarks.transients`, docs/measurement.md);
+# ops of no family get the default, the largest ratio measured outside convolutions.
+_SMALL = 64  # pointwise ops, reductions, matmuls and copies: at most a few scalars measured
+_DEFAULT_RATIO = 1.0
+_RATIOS = {
+    aten.convolution.default: 2.0,
+    aten.native_batch_norm_backward.default: 1.0,
+    aten.native_layer_norm_backward.default: 1.0,
+    aten.native_layer_norm.default: 1.0,
+    aten._native_batch_norm_legit_functional.default: 1.0,
+    aten._scaled_dot_product_flash_attention_for_cpu.default: 0.25,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default: 0.25,
+    aten.embedding.default: 0.25,
+    aten.embedding_dense_backward.default: 0.25,
+}
+_SMALL_OPS = frozenset(
+    {aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default,
+     aten._to_copy.default, aten.cat.default, aten.nll_loss_forward.default,
+     aten.nll_loss_backward.default, aten._log_softmax.default,
+     aten._log_softmax_backward_data.default, aten._softmax.default,
+     aten._softmax_backward_data.default, aten.arange.default, aten.arange.start,
+     aten.lift_fresh_copy.default, aten.constant_pad_nd.default, aten.gather.default,
+     aten.select_backward.default, aten.slice_backward.default,
+     aten.max_pool2d_with_indices.default, aten.max_pool2d_with_indices_backward.default}
+)  # fmt: skip
+# convolution_backward: 3 x io, plus per sample, output channel and kernel tap the buffers
+# CPU's depthwise kernel was measured to hold (about 128 B each).
+_CONV_BACKWARD_RATIO = 3.0
+_CONV_BACKWARD_PER_TAP = 132
+
+
+def has_measured_bound(target: object) -> bool:
+    """Whether the op's transient bound comes from measurements (else it is the default)."""
+    if getattr(target, "is_view", False) or not isinstance(target, torch._ops.OpOverload):
+        return True
+    tags = target.tags
+    return (
+        target in _RATIOS
+        or target in _SMALL_OPS
+        or target is aten.convolution_backward.default
+        or torch.Tag.pointwise in tags
+        or torch.Tag.reduction in tags
+    )
+
+
+def estimated_workspace(node: fx.Node) -> int:
+    """A conservative bound on the node's transient bytes, from its op family."""
+    target = node.target
+    if getattr(target, "is_view", False) or not isinstance(target, torch._ops.OpOverload):
+        return 0
+    args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+    io = _nbytes((args, kwargs, node.meta.get("val")))
+    if target is aten.convolution_backward.default:
+        grad, weight = args[0], args[2]
+        taps = math.prod(int(k) for k in weight.shape[2:])
+        per_tap = int(grad.shape[0]) * int(weight.shape[0]) * taps * _CONV_BACKWARD_PER_TAP
+        return math.ceil(_CONV_BACKWARD_RATIO * io) + per_tap
+    if target in _RATIOS:
+        return math.ceil(_RATIOS[target] * io)
+    tags = target.tags
+    if target in _SMALL_OPS or torch.Tag.pointwise in tags or torch.Tag.reduction in tags:
+        return _SMALL
+    return math.ceil(_DEFAULT_RATIO * io)
