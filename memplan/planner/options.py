@@ -29,8 +29,9 @@ class PlanOptions:
     bandwidth: float | None = None  # host link bytes/s; None: DEFAULT_BANDWIDTH
     offload_threshold: int = DEFAULT_OFFLOAD_THRESHOLD
     measure: bool = True  # profile by running each node; False: roofline estimate
-    # Copy a convolution's non-contiguous inputs to contiguous in the graph, where the plan
-    # sees them, instead of inside the kernel (passes/contiguous.py).
+    # Also plan each graph with a convolution's non-contiguous inputs copied to contiguous
+    # in the graph, where the plan sees them, instead of inside the kernel
+    # (passes/contiguous.py); the faster plan within the budget is kept.
     contiguous_convolutions: bool = True
     progress: bool = True
     # When no schedule fits: plan for the smallest feasible peak with a warning (the
