@@ -627,8 +627,8 @@ def markdown(data: dict[str, Any]) -> str:
         "",
         "**CPU only.** Nothing here was run on a device: live peaks and arenas are "
         "predictions. On CPU there is no caching allocator between the program and memory, "
-        "and memplan's live-storage tracker sees exactly the bytes live, which checks the "
-        "live peak ([measurement](measurement.md)) but says nothing about an arena. On a GPU "
+        "and the allocator's events (read through the profiler) check the live peak "
+        "([measurement](measurement.md)) but say nothing about an arena. On a GPU "
         "the arena would be compared with the caching allocator's `max_memory_reserved` against "
         "`max_memory_allocated`; that comparison was not done"
         + (" (no GPU on this machine)." if not where.get("cuda") else "."),

@@ -58,8 +58,9 @@ def markdown(found: dict[str, list[MaxBatch]], where: dict[str, Any], overhead: 
         "",
         f"`memplan maxbatch` (memplan/tools/maxbatch.py) with a step-time overhead limit of "
         f"{overhead:.0%} per sample against eager's time per sample at eager's largest batch. "
-        "The cap is enforced: on CPU the live-storage tracker raises an out-of-memory error "
-        "the moment live memory passes it. Each model's cap is the eager peak at batch "
+        "The cap is enforced: on CPU a step whose allocator peak (kernels' own buffers "
+        "included) passes it counts as out of memory; on CUDA the caching allocator's "
+        "per-process fraction limits it. Each model's cap is the eager peak at batch "
         f"{REFERENCE_BATCH}, at the sizes of the head-to-head benchmark. PyTorch's partitioner "
         "is tried at every activation memory budget and its fastest fitting one kept. The "
         "search finds the largest batch that runs under the cap, then the largest within "

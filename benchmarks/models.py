@@ -160,7 +160,7 @@ class Bench:
         return self.measure(run, copied, owner=copied)
 
     def pytorch(self, budget: float) -> Run:
-        run = Run(self.example.name, "pytorch", f"{budget:.1f}", None, "ok")
+        run = Run(self.example.name, "pytorch", pytorch_label(budget), None, "ok")
         started = time.perf_counter()
         module = pytorch_partitioned(self.model, self.inputs, budget)
         return self.measure(_replace(run, plan_seconds=time.perf_counter() - started), module)
@@ -217,6 +217,11 @@ class Bench:
         raise MemplanError(f"{solver} met a 1-byte budget")
 
 
+def pytorch_label(budget: float) -> str:
+    """The setting of PyTorch's run at activation_memory_budget `budget`: "0.6", "0.05"."""
+    return f"{budget:.1f}" if round(budget, 1) == budget else f"{budget:.2f}"
+
+
 def _replace(run: Run, **changes: Any) -> Run:
     return Run(**{**asdict(run), **changes})
 
@@ -226,7 +231,7 @@ def settings(solvers: tuple[str, ...]) -> Iterator[tuple[str, str | None, str]]:
     yield "eager", None, ""
     yield "checkpoint", None, "every block"
     for budget in PYTORCH_BUDGETS:
-        yield "pytorch", None, f"{budget:.1f}"
+        yield "pytorch", None, pytorch_label(budget)
     for solver in solvers:
         for setting in (*SHARES, LEAST):
             yield "memplan", solver, setting

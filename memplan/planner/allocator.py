@@ -4,7 +4,8 @@ On CPU, torch.profiler's allocation events (profile_memory=True): every block th
 allocator hands out or takes back, on any thread, with its address, kernels' own buffers
 included. A free counts only where the block was allocated inside what is measured, so
 that garbage from before a step (freed during it) does not hide the step's own peak. On
-CUDA, the caching allocator's counters (memory_allocated and max_memory_allocated).
+CUDA, measure.py and profile.py read the caching allocator's counters instead
+(memory_allocated and max_memory_allocated).
 """
 
 from __future__ import annotations
