@@ -27,7 +27,7 @@ from memplan.errors import BudgetError, MemplanError, OutputFileError, one_line
 from memplan.files import write_json_atomically, write_together
 from memplan.node_link import load_node_link
 from memplan.planner.layout import METHODS as LAYOUTS
-from memplan.planner.options import FRAGMENTATION, PlanOptions
+from memplan.planner.options import CONVOLUTION_COPIES, FRAGMENTATION, PlanOptions
 from memplan.planner.plan_file import Plan
 from memplan.planner.solve import provenance, solve_within_budget
 from memplan.schedule_file import solved_schedule
@@ -124,6 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="what the budget bounds: 'live', the bytes live at once; 'arena', the arena "
         "the plan's allocations are laid out in, fragmentation included (default: "
         f"{DEFAULTS.fragmentation})",
+    )
+    plan.add_argument(
+        "--convolution-copies",
+        choices=CONVOLUTION_COPIES,
+        default=DEFAULTS.convolution_copies,
+        help="where a convolution's input of another layout is made contiguous: 'kernel', "
+        "inside the kernel; 'graph', as a node the plan can free; 'choose', plan both and "
+        f"keep the faster plan within the budget (default: {DEFAULTS.convolution_copies})",
     )
     plan.add_argument(
         "--layout",
@@ -289,6 +297,7 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
         bandwidth=args.bandwidth,
         fragmentation=args.fragmentation,
         layout=args.layout,
+        convolution_copies=args.convolution_copies,
     )
     plan = dataclasses.replace(plan, name=args.model.stem)
     console.print(summary_table(plan))

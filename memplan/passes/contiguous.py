@@ -5,9 +5,10 @@ permuted activation or gradient in a ConvNeXt block, copies it to a contiguous o
 the kernel, and on CPU may take a slower path that holds buffers of its own as well. Such
 a copy is a transient the plan can only leave room for, at every run and recomputation.
 Made a node of the graph instead (a `clone` to the contiguous format just before the
-convolution), the copy is a tensor like any other: the planner sees it, and the kernel
-takes its fast path. Measured on the zoo's ConvNeXt (docs/measurement.md), this lowers
-the unplanned and the least peak alike; gradients are eager's.
+convolution), the copy is a tensor like any other: the planner sees it and can free or
+recompute it. Measured on the zoo's ConvNeXt (docs/measurement.md), this lowers the
+unplanned and the least peak alike, with eager's gradients, but the step can be slower;
+so the planner plans such a graph both ways by default (PlanOptions.convolution_copies).
 """
 
 from __future__ import annotations

@@ -14,6 +14,10 @@ from memplan.solvers import SolverOptions
 # Host link bandwidth assumed when offloading and none is given: PCIe 4.0 x16 in practice.
 DEFAULT_BANDWIDTH = {"cuda": 2.5e10, "cpu": 1.0e10}
 FRAGMENTATION = ("live", "arena")
+# Where a convolution's input of another layout is made contiguous: "kernel", inside the
+# kernel (as traced); "graph", as a node of the graph (passes/contiguous.py); "choose",
+# plan both and keep the faster plan within the budget.
+CONVOLUTION_COPIES = ("choose", "kernel", "graph")
 # Below this size an offload costs more in launch and bookkeeping than it saves.
 DEFAULT_OFFLOAD_THRESHOLD = 64 * 1024
 
@@ -29,10 +33,7 @@ class PlanOptions:
     bandwidth: float | None = None  # host link bytes/s; None: DEFAULT_BANDWIDTH
     offload_threshold: int = DEFAULT_OFFLOAD_THRESHOLD
     measure: bool = True  # profile by running each node; False: roofline estimate
-    # Also plan each graph with a convolution's non-contiguous inputs copied to contiguous
-    # in the graph, where the plan sees them, instead of inside the kernel
-    # (passes/contiguous.py); the faster plan within the budget is kept.
-    contiguous_convolutions: bool = True
+    convolution_copies: str = "choose"  # one of CONVOLUTION_COPIES
     progress: bool = True
     # When no schedule fits: plan for the smallest feasible peak with a warning (the
     # torch.compile default, where each graph of a graph break is planned on its own)
@@ -48,6 +49,11 @@ class PlanOptions:
             raise MemplanError(
                 f"fragmentation must be one of {', '.join(FRAGMENTATION)}, "
                 f"got {self.fragmentation!r}"
+            )
+        if self.convolution_copies not in CONVOLUTION_COPIES:
+            raise MemplanError(
+                f"convolution_copies must be one of {', '.join(CONVOLUTION_COPIES)}, "
+                f"got {self.convolution_copies!r}"
             )
         if self.layout not in METHODS:
             raise MemplanError(f"layout must be one of {', '.join(METHODS)}, got {self.layout!r}")

@@ -37,7 +37,7 @@ from memplan.solvers.training import build_schedule
 from memplan.units import format_bytes
 
 # Where a convolution's input of another layout is copied to the one its kernel wants.
-KERNEL_COPIES, GRAPH_COPIES = "inside the kernel", "in the graph"
+KERNEL_COPIES, GRAPH_COPIES = "kernel", "graph"  # the ways of PlanOptions.convolution_copies
 
 
 def plan_graph(
@@ -226,13 +226,15 @@ class Partitioner:
         drop_checked_asserts(joint)
         joint.graph.eliminate_dead_code()
         name = self.name if not self.plans else f"{self.name}.{len(self.plans)}"
-        # A graph whose convolutions get inputs of another layout is planned both ways, with
-        # the copies inside the kernels and in the graph (passes/contiguous.py).
-        variants = {KERNEL_COPIES: joint}
-        if self.options.contiguous_convolutions:
+        # A graph whose convolutions get inputs of another layout can be planned with the
+        # copies inside the kernels, in the graph (passes/contiguous.py), or both ways.
+        copies = self.options.convolution_copies
+        variants = {} if copies == "graph" else {KERNEL_COPIES: joint}
+        if copies != "kernel":
             copied = _copy_of(joint)
             if contiguous_convolution_inputs(copied):
                 variants[GRAPH_COPIES] = copied
+        variants = variants or {KERNEL_COPIES: joint}  # "graph", but nothing to copy
         offload_threshold = self.options.offload_threshold
         lowered = {
             way: (v, lower(v, num_fwd_outputs, name=name, offload_threshold=offload_threshold))
@@ -242,14 +244,14 @@ class Partitioner:
             fingerprint = self.reuse.fingerprint
             matching = {w: p for w, p in lowered.items() if p[1].fingerprint == fingerprint}
             if not matching:
-                ours = lowered[KERNEL_COPIES][1].fingerprint
+                ours = next(iter(lowered.values()))[1].fingerprint
                 raise PlanFileError(
                     f"plan {self.reuse.name!r} was made for another graph "
                     f"(fingerprint {fingerprint}, this model {ours})"
                 )
             lowered = matching
-        # A share is of the unplanned step of the graph as traced (copies in the kernels):
-        # both ways are held to the same bytes.
+        # Planned both ways, a share is of the unplanned step of the graph as traced (copies
+        # in the kernels), and both ways are held to the same bytes.
         # Warnings (a best-effort budget, a node that cannot run) are said only for the
         # variant kept: the other's are about a graph that does not run.
         planned: dict[str, tuple[Lowered, Plan, Schedule] | InfeasibleBudget] = {}
@@ -264,9 +266,12 @@ class Partitioner:
         way, (chosen, plan, schedule) = _faster(planned)
         for warning in said[way]:
             warnings.warn(warning.message, warning.category, stacklevel=2)
-        if len(variants) > 1:
-            options = {**plan.options, "convolution_copies": way}
-            plan = dataclasses.replace(plan, options=options, requested_as=str(self.budget))
+        # The plan records the way it was made, so that applying it again makes it that way.
+        plan = dataclasses.replace(
+            plan,
+            options={**plan.options, "convolution_copies": way},
+            requested_as=str(self.budget),
+        )
         stamp = {
             "solver": plan.solver,
             "budget": plan.budget,

@@ -33,7 +33,7 @@ _SCHEDULE_OPTIONS = (
     "bandwidth",
     "offload_threshold",
     "measure",
-    "contiguous_convolutions",
+    "convolution_copies",
 )
 
 

@@ -1,0 +1,79 @@
+"""Where a convolution's input of another layout is made contiguous: inside the kernel, in
+the graph (passes/contiguous.py), or memplan's choice of the two (PlanOptions)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import memplan
+from memplan.budget import Budget
+from memplan.errors import MemplanError
+from memplan.planner.capture import compile_training_step
+from memplan.planner.options import PlanOptions
+from memplan.planner.plan import Partitioner
+from memplan.tools.verify import compare_grads, training_step
+
+
+class ChannelsLastBlock(nn.Module):
+    """A Linear over channels-last activations, then a depthwise convolution handed the
+    permuted (not contiguous) result, as in a ConvNeXt block."""
+
+    def __init__(self, channels: int = 8) -> None:
+        super().__init__()
+        self.mix = nn.Linear(channels, channels)
+        self.depthwise = nn.Conv2d(channels, channels, 7, padding=3, groups=channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mixed = self.mix(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return self.depthwise(torch.relu(mixed)).square().mean()
+
+
+@pytest.fixture
+def example() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    torch.manual_seed(0)
+    return ChannelsLastBlock(), (torch.randn(4, 8, 16, 16),)
+
+
+def _planned(model: nn.Module, inputs: tuple[torch.Tensor], copies: str) -> Partitioner:
+    """The partitioner after planning `model` at 100% with `copies`."""
+    options = PlanOptions(convolution_copies=copies, progress=False)
+    part = Partitioner(Budget.parse("100%"), options, name="block")
+    compile_training_step(copy.deepcopy(model), inputs, part)
+    return part
+
+
+def _clones(part: Partitioner) -> int:
+    """Copies in the planned graph."""
+    return sum("clone" in node.op for node in part.lowered[0].graph)
+
+
+def test_the_graph_way_copies_in_the_graph(example) -> None:
+    model, inputs = example
+    kernel, graph = _planned(model, inputs, "kernel"), _planned(model, inputs, "graph")
+    assert kernel.plans[0].options["convolution_copies"] == "kernel"
+    assert graph.plans[0].options["convolution_copies"] == "graph"
+    assert _clones(graph) > _clones(kernel)  # the permuted input, copied in the graph
+    chosen = _planned(model, inputs, "choose")
+    way = chosen.plans[0].options["convolution_copies"]
+    assert _clones(chosen) == _clones(graph if way == "graph" else kernel)
+
+
+@pytest.mark.parametrize("copies", ["kernel", "graph", "choose"])
+def test_each_way_trains_like_eager(example, copies: str) -> None:
+    model, inputs = example
+    eager = copy.deepcopy(model)
+    training_step(eager, inputs)()
+    expected = {n: p.grad for n, p in eager.named_parameters()}
+    ours = copy.deepcopy(model)
+    planned = memplan.optimize(ours, inputs, "100%", convolution_copies=copies, progress=False)
+    training_step(planned, inputs)()
+    assert compare_grads(ours, expected)[1]
+
+
+def test_an_unknown_way_is_one_line_error() -> None:
+    with pytest.raises(MemplanError, match="convolution_copies must be one of choose, kernel"):
+        PlanOptions(convolution_copies="both")
