@@ -25,6 +25,12 @@ from memplan.planner.plan_file import Plan
 INNER_COMPILERS = ("eager", "inductor")
 
 
+def _inductor_decompositions() -> dict[Any, Callable[..., Any]]:
+    from torch._inductor.compile_fx import select_decomp_table
+
+    return select_decomp_table()
+
+
 def _inductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
     from torch._inductor.compile_fx import compile_fx_inner
 
@@ -50,6 +56,10 @@ class MemplanBackend:
         # Eager runs the planned graphs as generated code that frees each value after its
         # last use, as the API path does, so saved activations die where the plan frees them.
         self.inner = boxed_runner if inner == "eager" else _inductor
+        # Inductor lowers only graphs decomposed by its own table (as torch.compile's
+        # default backend traces them): planned on the decomposed graph, the plan is of
+        # the ops inductor is given.
+        self.decompositions = _inductor_decompositions() if inner == "inductor" else None
         self.plans: list[Plan] = []
 
     def __call__(
@@ -57,7 +67,10 @@ class MemplanBackend:
     ) -> Callable[..., Any]:
         partitioner = Partitioner(self.budget, self.options, name=f"graph{len(self.plans)}")
         compiled = aot_autograd(
-            fw_compiler=self.inner, bw_compiler=self.inner, partition_fn=partitioner
+            fw_compiler=self.inner,
+            bw_compiler=self.inner,
+            partition_fn=partitioner,
+            decompositions=self.decompositions,
         )(gm, example_inputs)
         self.plans.extend(partitioner.plans)
         return compiled
