@@ -29,8 +29,8 @@ import memplan
 from benchmarks.pages import write_section
 from memplan.budget import Budget
 from memplan.files import write_json_atomically
-from memplan.planner.measure import measure_peak, median_step_seconds
-from memplan.tools.verify import compare_grads, resident_tensors, training_step
+from memplan.planner.measure import median_step_seconds
+from memplan.tools.verify import compare_grads, steady_step_peak, training_step
 from memplan.tools.zoo import ZOO, Example
 from memplan.units import format_bytes
 
@@ -72,20 +72,16 @@ def run(example: Example, way: str, setting: str, budget: str | Budget) -> Row:
         return Row(
             way, setting, "no plan", error.budget, 0, error.smallest_feasible, 0, 0.0, 0.0, False
         )
-    step = training_step(planned, example.inputs)
-    cpu = torch.device("cpu")
-    step()
-    for p in model.parameters():
-        p.grad = None
-    peak = measure_peak(step, resident=resident_tensors(model, example.inputs), device=cpu)
+    peak = steady_step_peak(planned, model, example.inputs)
     eager = copy.deepcopy(example.model)
     training_step(eager, example.inputs)()
     error, match = compare_grads(model, {n: p.grad for n, p in eager.named_parameters()})
-    seconds = median_step_seconds(step, device=cpu, repeats=REPEATS, warmup=3)
+    step = training_step(planned, example.inputs)
+    seconds = median_step_seconds(step, device=torch.device("cpu"), repeats=REPEATS, warmup=3)
     plan = planned.plan
     chosen = MADE[str(plan.options["convolution_copies"])]
     return Row(way, setting, chosen, plan.budget, plan.unplanned_peak, plan.predicted_peak,
-               peak.peak_bytes, seconds, error, match)  # fmt: skip
+               peak, seconds, error, match)  # fmt: skip
 
 
 def markdown(data: dict[str, Any]) -> str:

@@ -18,9 +18,8 @@ import torch
 from rich.console import Console
 
 from benchmarks.models import DOCS, RESULTS, SIZES, machine
-from memplan.planner.measure import measure_peak
 from memplan.tools.maxbatch import DEFAULT_OVERHEAD, METHODS, MaxBatch, Probe, max_batch
-from memplan.tools.verify import resident_tensors, training_step
+from memplan.tools.verify import steady_step_peak
 from memplan.tools.zoo import ZOO
 from memplan.units import format_bytes
 
@@ -38,11 +37,7 @@ def build(name: str, batch: int) -> tuple[torch.nn.Module, tuple[Any, ...]]:
 def cap_for(name: str) -> int:
     """The eager peak at REFERENCE_BATCH, rounded up to a whole MiB."""
     model, inputs = build(name, REFERENCE_BATCH)
-    step = training_step(model, inputs)
-    step()
-    for p in model.parameters():
-        p.grad = None
-    peak = measure_peak(step, resident=resident_tensors(model, inputs), device="cpu").peak_bytes
+    peak = steady_step_peak(model, model, inputs)
     return -(-peak // 2**20) * 2**20
 
 

@@ -15,6 +15,7 @@ import memplan
 from memplan.budget import Budget
 from memplan.errors import InfeasibleBudget
 from memplan.planner.measure import measure_peak
+from memplan.tools.verify import steady_step_peak
 from memplan.tools.zoo import ZOO, Example
 
 # The zoo's models at sizes where half the unplanned peak can be met and a step is quick.
@@ -69,17 +70,6 @@ def least_budget(example: Example) -> int:
     return info.value.smallest_feasible
 
 
-def allocator_peak(model: torch.nn.Module, run: torch.nn.Module, example: Example) -> int:
-    """One step of `run` (training `model`'s parameters) read by the allocator, after one
-    unmeasured step: a first step sets up what later steps reuse."""
-    train_step(run, example.inputs)()
-    for p in model.parameters():
-        p.grad = None
-    return measure_peak(
-        train_step(run, example.inputs), resident=resident(model, example.inputs), device=CPU
-    ).peak_bytes
-
-
 @pytest.mark.parametrize("name", MODELS)
 def test_the_budget_holds_by_the_allocator(name: str) -> None:
     example = example_of(name)
@@ -94,10 +84,7 @@ def test_the_budget_holds_by_the_allocator(name: str) -> None:
             continue
         planned = memplan.optimize(model, example.inputs, budget=budget, progress=False)
         plan = planned.plan
-        measured = allocator_peak(model, planned, example)
-        for p in model.parameters():
-            p.grad = None
-        train_step(planned, example.inputs)()
+        measured = steady_step_peak(planned, model, example.inputs)  # leaves one step's grads
         assert_grads_equal(model, expected)
         assert plan.predicted_peak <= plan.budget == plan.requested_budget
         assert measured <= plan.budget, (budget, measured, plan.budget)
@@ -125,7 +112,7 @@ def test_a_lower_budget_never_raises_the_measured_peak(name: str) -> None:
     for budget in [*budgets, least]:
         model = copy.deepcopy(example.model)
         planned = memplan.optimize(model, example.inputs, Budget(bytes=budget), progress=False)
-        peaks.append(allocator_peak(model, planned, example))
+        peaks.append(steady_step_peak(planned, model, example.inputs))
         assert peaks[-1] <= budget
     assert len(peaks) >= 5
     assert all(lower <= higher for higher, lower in itertools.pairwise(peaks)), peaks
@@ -162,10 +149,7 @@ def test_every_solver_trains_the_models_within_its_budget(
     planned = memplan.optimize(
         model, example.inputs, budget=budget, solver=solver, time_limit=10, progress=False
     )
-    measured = allocator_peak(model, planned, example)
-    for p in model.parameters():
-        p.grad = None
-    train_step(planned, example.inputs)()
+    measured = steady_step_peak(planned, model, example.inputs)  # leaves one step's grads
     assert_grads_equal(model, expected)
     plan = planned.plan
     assert plan.solver == solver
@@ -193,7 +177,7 @@ def test_offload_on_cpu_keeps_numerics_and_moves_bytes_to_host() -> None:
     # the step's tensors: the allocator counts them, the prediction does not. The tracker,
     # told which storages are host copies, leaves them out, but it misses the kernels' own
     # buffers, which the prediction holds. So the prediction lies between the two.
-    measured = allocator_peak(model, planned, example)
+    measured = steady_step_peak(planned, model, example.inputs)
     assert tracked <= planned.plan.predicted_peak <= measured
 
 
@@ -217,8 +201,8 @@ def test_torch_compile_runs_the_same_plan_as_the_api(name: str) -> None:
         planned = memplan.optimize(api_model, example.inputs, budget=budget, progress=False)
         assert plan.decisions == planned.plan.decisions
         assert plan.predicted_peak == planned.plan.predicted_peak <= plan.budget
-        measured = allocator_peak(compiled_model, compiled, example)
-        assert measured == allocator_peak(api_model, planned, example), budget
+        measured = steady_step_peak(compiled, compiled_model, example.inputs)
+        assert measured == steady_step_peak(planned, api_model, example.inputs), budget
         assert measured <= plan.budget, (budget, measured, plan.budget)
         assert abs(measured - plan.predicted_peak) <= TOLERANCE * plan.predicted_peak
 

@@ -14,11 +14,10 @@ import memplan
 from memplan.budget import Budget
 from memplan.planner import plan as plan_module
 from memplan.planner.capture import compile_training_step
-from memplan.planner.measure import measure_peak
 from memplan.planner.options import PlanOptions
 from memplan.planner.plan import Partitioner
 from memplan.planner.profile import Profile
-from memplan.tools.verify import compare_grads, resident_tensors, training_step
+from memplan.tools.verify import compare_grads, steady_step_peak, training_step
 
 SCRATCH = 2 * 2**20  # what each call of the op holds inside itself: 2 MiB
 CPU = torch.device("cpu")
@@ -61,14 +60,6 @@ def example() -> tuple[nn.Module, tuple[torch.Tensor]]:
     return Scratchy(), (torch.randn(256, 256),)
 
 
-def _allocator_peak(model: nn.Module, planned: nn.Module, inputs: tuple[torch.Tensor]) -> int:
-    training_step(planned, inputs)()  # a first step sets up what later ones reuse
-    for p in model.parameters():
-        p.grad = None
-    step = training_step(planned, inputs)
-    return measure_peak(step, resident=resident_tensors(model, inputs), device=CPU).peak_bytes
-
-
 def test_the_plan_leaves_room_for_a_kernels_own_buffers(example, monkeypatch):
     model, inputs = example
     full = memplan.plan(copy.deepcopy(model), inputs, "100%", progress=False)
@@ -81,14 +72,11 @@ def test_the_plan_leaves_room_for_a_kernels_own_buffers(example, monkeypatch):
     expected = {n: p.grad for n, p in eager.named_parameters()}
     aware = copy.deepcopy(model)
     planned = memplan.optimize(aware, inputs, budget, progress=False)
-    measured = _allocator_peak(aware, planned, inputs)
+    measured = steady_step_peak(planned, aware, inputs)
     assert planned.plan.counts()["recompute"] > 0
     assert measured <= budget
     assert abs(measured - planned.plan.predicted_peak) <= 0.02 * planned.plan.predicted_peak
-    for p in aware.parameters():
-        p.grad = None
-    training_step(planned, inputs)()
-    assert compare_grads(aware, expected)[1]
+    assert compare_grads(aware, expected)[1]  # the measured step's gradients
 
     # The same budget with every workspace taken as 0 (what the live-storage tracker sees):
     # the planner believes the unplanned step fits, and the allocator proves it does not.
@@ -102,7 +90,7 @@ def test_the_plan_leaves_room_for_a_kernels_own_buffers(example, monkeypatch):
     unaware = copy.deepcopy(model)
     misplanned = memplan.optimize(unaware, inputs, Budget(bytes=budget), progress=False)
     assert misplanned.plan.predicted_peak <= budget
-    assert _allocator_peak(unaware, misplanned, inputs) > budget
+    assert steady_step_peak(misplanned, unaware, inputs) > budget
 
 
 def test_the_profiler_measures_the_buffer(example):

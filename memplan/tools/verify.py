@@ -168,6 +168,18 @@ def training_step(model: nn.Module, inputs: Sequence[Any]) -> Callable[[], None]
     return step
 
 
+def steady_step_peak(run: nn.Module, model: nn.Module, inputs: Sequence[Any]) -> int:
+    """The peak of one training step of `run` (which trains `model`'s parameters), read by
+    measure_peak (the allocator) after one unmeasured step: a first step sets up what later
+    steps reuse. The measured step's gradients are left on the parameters."""
+    training_step(run, inputs)()
+    for param in model.parameters():
+        param.grad = None
+    step = training_step(run, inputs)
+    resident = resident_tensors(model, inputs)
+    return measure_peak(step, resident=resident, device=_device_of(model, inputs)).peak_bytes
+
+
 def resident_tensors(model: nn.Module, inputs: Sequence[Any]) -> list[torch.Tensor]:
     """What is on the device before a step starts: parameters, buffers and tensor inputs."""
     tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
