@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from rich.progress import track
 
 import memplan
 from benchmarks.pages import write_section
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         size = {"batch": 8, "image": 64, "width": 16}
         example = ZOO["convnext"](**size)
         found = []
-        for setting in SETTINGS:
+        for setting in track(SETTINGS, description="planning and timing each way"):
             # the kernel-only way first: the others are held to its bytes at each share
             kernel = run(example, "inside the kernel", setting, setting)
             same = Budget(bytes=kernel.budget)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from rich.progress import track
 
 from benchmarks.pages import write_section
 from memplan.budget import Budget
@@ -52,7 +53,7 @@ class Row:
 def rows(names: list[str]) -> list[Row]:
     """Every op with work to do in the named zoo models' joint graphs."""
     found: dict[str, list[tuple[int, int, str]]] = {}
-    for name in names:
+    for name in track(names, description="profiling the zoo"):
         example = ZOO[name]()
         part = Partitioner(Budget.parse("100%"), PlanOptions(progress=False), name=name)
         compile_training_step(copy.deepcopy(example.model), example.inputs, part)

@@ -255,8 +255,8 @@ def max_grad_errors(model: torch.nn.Module, expected: dict[str, torch.Tensor]) -
 def test_torch_compile_with_inductor_trains_like_eager(name: str) -> None:
     """The planned graphs, recomputation included, compiled by inductor (the graphs are
     decomposed by inductor's own table first): the gradients are eager's to the tolerance
-    inductor itself reaches. Its fused kernels reduce in another order than eager's (on
-    the CNN's BatchNorm by up to 2e-4), and a plan changes what is fused; so each
+    inductor itself reaches. Its fused kernels reduce in another order than eager's (the
+    CNN's BatchNorm gradients differ most), and a plan changes what is fused; so each
     gradient may be off eager's by at most twice what plain torch.compile's is, or 1e-6."""
     example = example_of(name)
     expected = eager_grads(example)
