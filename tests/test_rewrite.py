@@ -29,17 +29,17 @@ def forward(self, primals_1, primals_2):
     relu = torch.ops.aten.relu.default(mm);  mm = None
     mm_1 = torch.ops.aten.mm.default(relu, primals_1);  relu = None
     tanh = torch.ops.aten.tanh.default(mm_1);  mm_1 = None
-    offload_tanh = memplan_passes_offload_offload(tanh)
+    offload_tanh = torch.ops.memplan.offload.default(tanh)
     sum_1 = torch.ops.aten.sum.default(tanh);  tanh = None
     return (sum_1, offload_tanh, primals_2, primals_1)
 """
 
 BACKWARD = """
 def forward(self, offload_tanh, primals_2, primals_1, tangents_1):
-    prefetch_tanh = memplan_passes_offload_prefetch(offload_tanh, device(type='cpu'));  offload_tanh = None
+    prefetch_tanh = torch.ops.memplan.prefetch.default(offload_tanh, device(type='cpu'));  offload_tanh = None
     expand = torch.ops.aten.expand.default(tangents_1, [2, 4]);  tangents_1 = None
-    wait_tanh = memplan_passes_offload_wait(prefetch_tanh);  prefetch_tanh = None
-    detach_1 = torch.ops.aten.detach.default(wait_tanh);  wait_tanh = None
+    wait_tanh = torch.ops.memplan.wait.default(prefetch_tanh);  wait_tanh = None
+    detach_1 = torch.ops.aten.detach.default(prefetch_tanh);  prefetch_tanh = None
     detach_2 = torch.ops.aten.detach.default(detach_1);  detach_1 = None
     tanh_backward = torch.ops.aten.tanh_backward.default(expand, detach_2);  expand = detach_2 = None
     recompute_mm = torch.ops.aten.mm.default(primals_2, primals_1)

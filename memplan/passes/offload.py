@@ -1,8 +1,17 @@
-"""The runtime ops that offload, prefetch and wait emit: copies on a side stream.
+"""The runtime ops that offload, prefetch and wait emit, registered as custom operators.
 
-On a GPU, `offload` copies a tensor to pinned host memory on a copy stream, `prefetch`
-copies it back on that stream ahead of its use, and `wait` makes the compute stream wait
-for it. Where the device is the host (CPU) the copies still run, so the numerics are
+`torch.ops.memplan.offload`, `prefetch` and `wait` are torch.library operators with fake
+implementations and declared mutation, so that inductor, torch.export, AOTAutograd's cache
+and FX serialization treat them as ordinary ops:
+- `offload(tensor) -> host` copies a tensor to (pinned) host memory on a copy stream;
+- `prefetch(host, device) -> landed` copies it back on that stream ahead of its use;
+- `wait(landed) -> ()` makes the compute stream wait for the copy. It returns nothing and
+  is declared to mutate `landed`: an op may not return an alias of its input, and the
+  declared write orders every later read of `landed` after the wait, in inductor's
+  scheduler as in the graph.
+
+Copies keep the tensor's strides, so that the backward reads the layout it was traced
+with. Where the device is the host (CPU) the copies still run, so the numerics are
 tested, and the host copy is marked so that memory measurement does not count it.
 """
 
@@ -11,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from memplan.passes.host_memory import host_allocations
+from memplan.passes.host_memory import add_host_storage
 
 # host tensor or prefetched tensor -> the event its copy recorded on the copy stream
 _copy_done = WeakIdKeyDictionary()
@@ -24,13 +33,22 @@ def _copy_stream(device: torch.device) -> torch.cuda.Stream:
     return _copy_streams[device]
 
 
+def _empty_like_on(tensor: torch.Tensor, device: torch.device, *, pinned: bool) -> torch.Tensor:
+    """An uninitialised tensor of `tensor`'s sizes, strides and dtype on `device`."""
+    return torch.empty_strided(
+        tensor.size(), tensor.stride(), dtype=tensor.dtype, device=device, pin_memory=pinned
+    )
+
+
+@torch.library.custom_op("memplan::offload", mutates_args=())
 def offload(tensor: torch.Tensor) -> torch.Tensor:
     """Start a device-to-host copy; returns the host tensor (valid once the copy is done)."""
     if tensor.device.type != "cuda":
-        with host_allocations():  # a host copy is not device memory, even on CPU
-            return tensor.detach().clone()
+        host = _empty_like_on(tensor, torch.device("cpu"), pinned=False).copy_(tensor)
+        add_host_storage(host.untyped_storage())  # a host copy is not device memory
+        return host
     stream = _copy_stream(tensor.device)
-    host = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=True)
+    host = _empty_like_on(tensor, torch.device("cpu"), pinned=True)
     stream.wait_stream(torch.cuda.current_stream(tensor.device))
     with torch.cuda.stream(stream):
         host.copy_(tensor.detach(), non_blocking=True)
@@ -42,28 +60,51 @@ def offload(tensor: torch.Tensor) -> torch.Tensor:
     return host
 
 
+@offload.register_fake
+def _offload_fake(tensor: torch.Tensor) -> torch.Tensor:
+    return _empty_like_on(tensor, torch.device("cpu"), pinned=False)
+
+
+@torch.library.custom_op("memplan::prefetch", mutates_args=())
 def prefetch(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Start a host-to-device copy on the copy stream; `wait` before using the result."""
     if device.type != "cuda":
-        return host.clone()
+        return _empty_like_on(host, device, pinned=False).copy_(host)
     stream = _copy_stream(device)
     with torch.cuda.stream(stream):
         # Ordered after the offload: same stream, and the offload event for clarity.
         if host in _copy_done:
             stream.wait_event(_copy_done[host])
-        landed = host.to(device, non_blocking=True)
+        landed = _empty_like_on(host, device, pinned=False)
+        landed.copy_(host, non_blocking=True)
         done = torch.cuda.Event()
         done.record(stream)
     _copy_done[landed] = done
     return landed
 
 
-def wait(tensor: torch.Tensor) -> torch.Tensor:
-    """Make the current stream wait for the tensor's prefetch; returns the same tensor."""
-    done = _copy_done.pop(tensor, None)
+@prefetch.register_fake
+def _prefetch_fake(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return _empty_like_on(host, device, pinned=False)
+
+
+@torch.library.custom_op("memplan::wait", mutates_args=("landed",))
+def wait(landed: torch.Tensor) -> None:
+    """Make the current stream wait for the tensor's prefetch."""
+    done = _copy_done.pop(landed, None)
     if done is not None:
-        current = torch.cuda.current_stream(tensor.device)
+        current = torch.cuda.current_stream(landed.device)
         current.wait_event(done)
         # Allocated on the copy stream, now used (and freed) on the compute stream.
-        tensor.record_stream(current)
-    return tensor
+        landed.record_stream(current)
+
+
+@wait.register_fake
+def _wait_fake(landed: torch.Tensor) -> None:
+    return None
+
+
+# The operators as graphs call them (what the rewrite emits and a serialized graph names).
+OFFLOAD = torch.ops.memplan.offload.default
+PREFETCH = torch.ops.memplan.prefetch.default
+WAIT = torch.ops.memplan.wait.default

@@ -18,12 +18,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import sympy
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
+from torch._functorch.partitioners import is_sym_node
+from torch._ops import OpOverload
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.fx.experimental.symbolic_shapes import find_symbol_binding_fx_nodes, free_symbols
 
 from memplan.graph import Compute, Free, Graph, NodeKind, Offload, Prefetch, Schedule, Step, Wait
-from memplan.passes import offload as offload_ops
+from memplan.passes.offload import OFFLOAD, PREFETCH, WAIT
 from memplan.passes.recompute import SUBSTITUTES, substitute
 
 
@@ -67,8 +72,14 @@ def rewrite(
 
     fw, fw_values, host_copies = _forward_graph(lowered, forward_steps)
     handed_over = _handed_over(lowered, backward_steps, fw_values, host_copies)
+    handed_over += _size_bindings(lowered, handed_over, fw_values)
+    # AOTAutograd's calling convention: the forward returns its outputs, then the tensors
+    # and then the sizes (SymInts) the backward reads; the backward takes the sizes first.
+    sizes = [item for item in handed_over if is_sym_node(item[1])]
+    tensors = [item for item in handed_over if not is_sym_node(item[1])]
     forward_outputs = [_lookup(fw_values, o) for o in joint_outputs[: lowered.num_fwd_outputs]]
-    fw.output(tuple(forward_outputs + [value for _, value in handed_over]))
+    fw.output(tuple(forward_outputs + [value for _, value in tensors + sizes]))
+    handed_over = sizes + tensors
 
     bw, bw_values = _backward_graph(lowered, backward_steps, handed_over)
     bw.output(tuple(_lookup(bw_values, o) for o in joint_outputs[lowered.num_fwd_outputs :]))
@@ -113,14 +124,9 @@ def _forward_graph(
         if isinstance(step, Compute):
             values[joint_node] = _copy(fw, joint_node, values)
         elif isinstance(step, Offload):
-            host_copies[step.node] = fw.create_node(
-                "call_function",
-                offload_ops.offload,
-                (values[joint_node],),
-                name=f"offload_{joint_node.name}",
+            host_copies[step.node] = _call_op(
+                fw, OFFLOAD, (values[joint_node],), f"offload_{joint_node.name}"
             )
-            if "val" in joint_node.meta:
-                host_copies[step.node].meta["val"] = joint_node.meta["val"].to("cpu")
         elif not isinstance(step, Free):
             raise ValueError(f"a {type(step).__name__} step cannot run in the forward")
     return fw, values, host_copies
@@ -151,6 +157,31 @@ def _handed_over(
         elif isinstance(step, Wait):
             made.add(step.node)
     return list(needed.items())
+
+
+def _size_bindings(
+    lowered: Lowered,
+    handed_over: list[tuple[tuple[str, int], fx.Node]],
+    fw_values: dict[fx.Node, fx.Node],
+) -> list[tuple[tuple[str, int], fx.Node]]:
+    """The size symbols (dynamic shapes) that the sizes of the backward's inputs are made
+    of and that no input binds: the forward hands over the sizes that bind them, as
+    inductor must know each symbol from an input (a tensor of s0*s1 rows binds neither)."""
+    joint = lowered.joint.graph
+    tangents = [n for n in joint.find_nodes(op="placeholder") if n.name.startswith("tangents")]
+    values = [value for _, value in handed_over] + tangents
+    bound = {v.meta["val"].node.expr for v in values if is_sym_node(v) and "val" in v.meta}
+    needed: set[sympy.Symbol] = set()
+    for value in values:
+        if "val" in value.meta:
+            needed |= free_symbols(value.meta["val"])
+    bindings = find_symbol_binding_fx_nodes(joint)
+    ids = {n: i for i, n in enumerate(lowered.fx_nodes)}
+    return [
+        (("value", ids[bindings[symbol]]), fw_values[bindings[symbol]])
+        for symbol in sorted(needed - bound, key=lambda s: s.name)
+        if symbol in bindings and bindings[symbol] in fw_values
+    ]
 
 
 def _backward_graph(
@@ -184,22 +215,28 @@ def _backward_graph(
             else:
                 values[joint_node] = _recompute(bw, joint_node, values)
         elif isinstance(step, Prefetch):
-            in_transit[step.node] = bw.create_node(
-                "call_function",
-                offload_ops.prefetch,
-                (in_transit[step.node], device),
-                name=f"prefetch_{joint_node.name}",
+            in_transit[step.node] = _call_op(
+                bw, PREFETCH, (in_transit[step.node], device), f"prefetch_{joint_node.name}"
             )
         elif isinstance(step, Wait):
-            values[joint_node] = bw.create_node(
-                "call_function",
-                offload_ops.wait,
-                (in_transit[step.node],),
-                name=f"wait_{joint_node.name}",
-            )
+            # The wait writes nothing but is declared to, which orders the reads after it.
+            landed = in_transit[step.node]
+            _call_op(bw, WAIT, (landed,), f"wait_{joint_node.name}")
+            values[joint_node] = landed
         elif not isinstance(step, Free):
             raise ValueError(f"a {type(step).__name__} step cannot run in the backward")
     return bw, values
+
+
+def _call_op(target: fx.Graph, op: OpOverload, args: tuple[Any, ...], name: str) -> fx.Node:
+    """A call of one of memplan's transfer ops, with the value its fake implementation
+    gives for the inputs' values (what inductor and the measurement read)."""
+    node = target.create_node("call_function", op, args, name=name)
+    values = fx.map_arg(args, lambda n: n.meta.get("val"))
+    # Fake inputs dispatch to the ops' fake implementations: nothing runs or allocates.
+    if all(isinstance(v, FakeTensor) for v in values if not isinstance(v, torch.device)):
+        node.meta["val"] = op(*values)
+    return node
 
 
 def _copy(target: fx.Graph, node: fx.Node, values: dict[fx.Node, fx.Node]) -> fx.Node:

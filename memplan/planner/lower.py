@@ -9,6 +9,7 @@ its allocation by the getitems that extract them.
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 
 import torch
 import torch.fx as fx
@@ -20,6 +21,7 @@ from memplan.graph import Graph, Node, NodeKind
 from memplan.passes.recompute import can_recompute
 from memplan.passes.rewrite import Lowered
 from memplan.planner.options import DEFAULT_OFFLOAD_THRESHOLD
+from memplan.planner.shapes import hint
 
 
 def drop_checked_asserts(joint: fx.GraphModule) -> None:
@@ -44,8 +46,12 @@ def lower(
     *,
     name: str = "graph",
     offload_threshold: int = DEFAULT_OFFLOAD_THRESHOLD,
+    size: Callable[[object], int] = hint,
 ) -> Lowered:
-    """The Graph of a joint module whose first `num_fwd_outputs` outputs are the forward's."""
+    """The Graph of a joint module whose first `num_fwd_outputs` outputs are the forward's.
+
+    A symbolic size (Dynamo's dynamic shapes) counts as `size` makes it: by default its
+    hint, the size traced; `shapes.at(values)` evaluates it at other sizes."""
     fx_nodes = [
         n for n in joint.graph.nodes if n.op in ("placeholder", "get_attr", "call_function")
     ]
@@ -67,12 +73,11 @@ def lower(
         val = n.meta.get("val")
         if n.op == "call_function" and "val" not in n.meta:
             raise UnsupportedModel(n.name, f"{n.target} has no traced value (unsupported op)")
-        _check_static(n, val)
         inputs = tuple(ids[a] for a in dict.fromkeys(n.all_input_nodes))
         alias_of = carved_from = None
         if isinstance(val, torch.Tensor):
             key = StorageWeakRef(val.untyped_storage())
-            nbytes = val.untyped_storage().nbytes()
+            nbytes = size(val.untyped_storage().nbytes())
             if key in owner_of_storage:
                 alias_of, nbytes = owner_of_storage[key], 0
             else:
@@ -81,7 +86,7 @@ def lower(
                 if isinstance(parent, fx.Node) and isinstance(parent.meta.get("val"), tuple | list):
                     carved_from = ids[parent]
         else:
-            nbytes = _fresh_bytes(val, owner_of_storage)
+            nbytes = _fresh_bytes(val, owner_of_storage, size)
             # A tuple of views (split, unbind) keeps the storage they view alive.
             aliased = _aliased_owners(val, owner_of_storage)
             if nbytes == 0 and aliased:
@@ -133,7 +138,9 @@ def _kind(n: fx.Node) -> NodeKind:
     return NodeKind.PARAM if desc in ("ParamAOTInput", "BufferAOTInput") else NodeKind.INPUT
 
 
-def _fresh_bytes(val: object, owner_of_storage: dict[StorageWeakRef, int]) -> int:
+def _fresh_bytes(
+    val: object, owner_of_storage: dict[StorageWeakRef, int], size: Callable[[object], int]
+) -> int:
     """Bytes a multi-output op allocates: its outputs' storages not seen before."""
     seen: set[StorageWeakRef] = set()
     total = 0
@@ -142,7 +149,7 @@ def _fresh_bytes(val: object, owner_of_storage: dict[StorageWeakRef, int]) -> in
             key = StorageWeakRef(item.untyped_storage())
             if key not in owner_of_storage and key not in seen:
                 seen.add(key)
-                total += item.untyped_storage().nbytes()
+                total += size(item.untyped_storage().nbytes())
     return total
 
 
@@ -155,14 +162,6 @@ def _aliased_owners(val: object, owner_of_storage: dict[StorageWeakRef, int]) ->
         and StorageWeakRef(item.untyped_storage()) in owner_of_storage
     ]
     return list(dict.fromkeys(owners))
-
-
-def _check_static(n: fx.Node, val: object) -> None:
-    for item in pytree.tree_leaves(val):
-        if isinstance(item, torch.SymInt | torch.SymFloat | torch.SymBool):
-            raise UnsupportedModel(n.name, "dynamic shapes are not supported; trace static")
-        if isinstance(item, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in item.shape):
-            raise UnsupportedModel(n.name, "dynamic shapes are not supported; trace static")
 
 
 def _mutated_inputs(joint: fx.GraphModule) -> set[fx.Node]:

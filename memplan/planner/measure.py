@@ -19,7 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from memplan.passes.host_memory import add_host_storage, in_host_scope, is_host_storage
+from memplan.passes.host_memory import add_host_storage, is_host_storage
 from memplan.planner.allocator import recording
 
 # Live trackers, so that marking a storage host-resident after it was counted uncounts it.
@@ -28,8 +28,7 @@ _TRACKERS: weakref.WeakSet[LiveStorageTracker] = weakref.WeakSet()
 
 def mark_host(t: torch.Tensor) -> None:
     """Record that `t`'s storage is host memory (an offloaded copy): trackers do not count
-    it. (Storages made inside passes.host_memory.host_allocations() never enter a
-    tracker's peak in the first place.)"""
+    it."""
     storage = t.untyped_storage()
     add_host_storage(storage)
     for tracker in list(_TRACKERS):
@@ -92,8 +91,6 @@ class LiveStorageTracker(TorchDispatchMode):
 
     def _track(self, storage: torch.UntypedStorage) -> None:
         """Count `storage` if it is new, on the tracked device and not host memory."""
-        if in_host_scope():
-            add_host_storage(storage)
         if not _on(storage.device, self.device) or is_host_storage(storage):
             return
         with self._lock:

@@ -30,6 +30,7 @@ from memplan.planner.lower import drop_checked_asserts, lower
 from memplan.planner.options import PlanOptions
 from memplan.planner.plan_file import Plan
 from memplan.planner.profile import ProfileCache, profile_graph
+from memplan.planner.shapes import ShapeSignature, at
 from memplan.planner.solve import Solved, solve_within_budget
 from memplan.simulate import MemoryTrace, simulate
 from memplan.solvers import SolverOptions, get_solver
@@ -217,8 +218,11 @@ class Partitioner:
         # Profiled times are cached on disk, so that planning the same model twice sees the
         # same times and makes the same decisions.
         self.cache = cache if cache is not None else ProfileCache()
+        # The sizes (symbol -> value) a graph of dynamic shapes is planned at: its hints.
+        self.sizes: ShapeSignature = ()
         self.plans: list[Plan] = []
         self.lowered: list[Lowered] = []
+        self.schedules: list[Schedule] = []
 
     def __call__(
         self, joint: fx.GraphModule, joint_inputs: object, *, num_fwd_outputs: int, **_: object
@@ -271,6 +275,7 @@ class Partitioner:
             plan,
             options={**plan.options, "convolution_copies": way},
             requested_as=str(self.budget),
+            sizes=dict(self.sizes),
         )
         stamp = {
             "solver": plan.solver,
@@ -281,7 +286,32 @@ class Partitioner:
         forward, backward = rewrite(chosen, schedule, stamp=stamp)
         self.plans.append(plan)
         self.lowered.append(chosen)
+        self.schedules.append(schedule)
         return forward, backward
+
+    def peaks_at(self, sizes: ShapeSignature) -> list[tuple[int, int]]:
+        """Per plan made: (predicted peak, unplanned peak) at other sizes of a graph of
+        dynamic shapes, the schedule kept. Bytes are evaluated at `sizes`; times and
+        transients are the profile's at the hints, a transient scaled with its node's
+        bytes."""
+        peaks = []
+        for lowered, schedule in zip(self.lowered, self.schedules, strict=True):
+            traced = lowered.graph
+            # Offload threshold 0: a schedule's offloads stay legal at smaller sizes.
+            resized = lower(
+                lowered.joint, lowered.num_fwd_outputs, offload_threshold=0, size=at(sizes)
+            ).graph
+            scaled = [
+                n.workspace * r.bytes // n.bytes if n.bytes else n.workspace
+                for n, r in zip(traced, resized, strict=True)
+            ]
+            graph = resized.replace_times([n.time for n in traced], scaled)
+            options = self.options.solver_options(lowered.device.type)
+            reference = get_solver("keep_all")(graph, None, options)
+            assert reference.schedule is not None
+            planned = simulate(graph, schedule, bandwidth=options.bandwidth).peak
+            peaks.append((planned, simulate(graph, reference.schedule).peak))
+        return peaks
 
     def _plan(
         self, joint: fx.GraphModule, lowered: Lowered, budget: Budget

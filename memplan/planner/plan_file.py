@@ -58,6 +58,9 @@ class Plan:
     requested_budget: int = 0
     requested_as: str = ""
     note: str = ""
+    # A graph traced with dynamic shapes: the sizes (symbol -> value) its prediction holds
+    # at; empty for a graph of static shapes.
+    sizes: dict[str, int] = field(default_factory=dict)
 
     @property
     def asked(self) -> int:
@@ -185,4 +188,5 @@ _PLAN_FIELDS: dict[str, checks.Check] = {
     "requested_budget": checks.count,
     "requested_as": checks.text,
     "note": checks.text,
+    "sizes": checks.names_to(checks.count, "non-negative integers"),
 }

@@ -33,12 +33,12 @@ from memplan.errors import MemplanWarning, UnsupportedModel
 from memplan.planner.allocator import recording
 from memplan.planner.profile_cache import Cost, ProfileCache, node_key
 from memplan.planner.roofline import (
-    concrete,
     device_spec,
     estimated_workspace,
     has_measured_bound,
     roofline_seconds,
 )
+from memplan.planner.shapes import concrete, hint
 
 # The profiler range around node i of the transient pass.
 _RANGE = "memplan.node."
@@ -152,7 +152,11 @@ def _measure(
     pass, per key; keys of nodes that failed are absent."""
     nodes = list(gm.graph.nodes)
     frees = _frees_after(nodes)
-    inputs = {n: _synthesise(_val(n), device) for n in nodes if n.op == "placeholder"}
+    # A size traced as a plain number has no value recorded, and nothing reads it.
+    unread = {n for n in nodes if n.op == "placeholder" and not n.users and "val" not in n.meta}
+    inputs: dict[fx.Node, object] = dict.fromkeys(unread)
+    placeholders = [n for n in nodes if n.op == "placeholder" and n not in unread]
+    inputs.update({n: _synthesise(_val(n), device) for n in placeholders})
     inputs.update({n: _attribute(gm, n, device) for n in nodes if n.op == "get_attr"})
     substitutes: dict[fx.Node, object] = {}  # outputs of nodes that failed, made up from meta
     samples: dict[str, list[float]] = defaultdict(list)
@@ -297,7 +301,7 @@ def _synthesise(val: object, device: torch.device) -> object:
     def make(v: object) -> object:
         if not isinstance(v, torch.Tensor):
             return concrete(v)
-        shape, stride = [int(s) for s in v.shape], [int(s) for s in v.stride()]
+        shape, stride = [hint(s) for s in v.shape], [hint(s) for s in v.stride()]
         span = 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) if all(shape) else 0
         if v.dtype.is_floating_point or v.dtype.is_complex:
             storage = torch.randn(span, dtype=v.dtype, device=device)

@@ -19,6 +19,7 @@ import torch
 from torch import fx
 
 from memplan import checks, config
+from memplan.planner.shapes import concrete, hint
 
 # v2 entries are [seconds, transient bytes]; v1 files (seconds only) are left alone.
 CACHE_FILE = "profile-v2.json"
@@ -100,10 +101,11 @@ def _read(path: Path) -> dict[str, Cost]:
 
 def _signature(val: object) -> object:
     if isinstance(val, torch.Tensor):
-        return ("tensor", tuple(val.shape), val.dtype, val.stride())
+        shape, stride = tuple(map(hint, val.shape)), tuple(map(hint, val.stride()))
+        return ("tensor", shape, val.dtype, stride)
     if isinstance(val, list | tuple):
         return tuple(_signature(v) for v in val)
-    return val
+    return concrete(val)
 
 
 def _target_name(target: object) -> str:

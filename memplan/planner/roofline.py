@@ -17,6 +17,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
 from memplan.planner.profile_cache import device_name
+from memplan.planner.shapes import concrete, hint
 
 
 @dataclass(frozen=True)
@@ -68,16 +69,9 @@ def roofline_seconds(node: fx.Node, spec: DeviceSpec) -> float:
 def to_meta(v: object) -> object:
     """A meta tensor like `v` (shape, strides, dtype), or a concrete number for a symbol."""
     if isinstance(v, torch.Tensor):
-        shape, stride = [int(s) for s in v.shape], [int(s) for s in v.stride()]
+        shape, stride = [hint(s) for s in v.shape], [hint(s) for s in v.stride()]
         return torch.empty_strided(shape, stride, dtype=v.dtype, device="meta")
     return concrete(v)
-
-
-def concrete(v: object) -> object:
-    """A number for a symbol (its hint: the value traced); anything else as it is."""
-    if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool):
-        return v.node.hint
-    return v
 
 
 def _nbytes(tree: object) -> int:
