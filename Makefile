@@ -26,6 +26,8 @@ lint: $(BIN)/memplan
 
 bench: $(BIN)/memplan
 	$(BIN)/python -m benchmarks.sweep
+	$(BIN)/python -m benchmarks.compiled
+	$(BIN)/python -m benchmarks.training_loop
 	$(BIN)/python -m benchmarks.models
 
 clean:

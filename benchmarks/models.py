@@ -441,7 +441,10 @@ def results_markdown(runs: list[Run], where: dict[str, Any]) -> str:
         "1e-6). Step times on a small shared CPU are noisy to several percent.",
         "",
     ]
-    lines += sweep_section(where)
+    from benchmarks.compiled import compiled_section  # here: it imports this module
+    from benchmarks.training_loop import training_loop_section
+
+    lines += sweep_section(where) + compiled_section(where) + training_loop_section(where)
     for model in dict.fromkeys(r.model for r in runs):
         rows = [r for r in runs if r.model == model]
         eager = rows[0]

@@ -5,8 +5,10 @@ torch_dynamo_backends entry point (options={"budget": "60%", "solver": ...} reac
 `torch.compile(model, backend=memplan.backend(budget="60%"))` builds one explicitly.
 Inductor compiles the planned graphs, as it does torch.compile's by default
 (`inner="eager"` runs them unfused, for debugging). Each graph Dynamo hands over (one per
-graph break) is planned against the budget; a graph that cannot meet it is planned for its
-smallest feasible peak, with a warning.
+graph break) is planned so that the step stays within the budget: the bytes the graphs
+before it keep for their backwards stay resident while it runs, and a share is of the
+step's unplanned peak. A graph that cannot meet it is planned for its smallest feasible
+peak, with a warning.
 
 A graph Dynamo traced with dynamic shapes is planned at its traced sizes and runs at any
 (planner/shapes.py). A call at sizes where that plan's prediction exceeds the budget is
@@ -26,7 +28,7 @@ from memplan.budget import Budget
 from memplan.errors import MemplanError, MemplanWarning
 from memplan.planner.capture import boxed_runner
 from memplan.planner.options import PlanOptions
-from memplan.planner.plan import Partitioner
+from memplan.planner.plan import Partitioner, Resident
 from memplan.planner.plan_file import Plan
 from memplan.planner.shapes import (
     ShapeSignature,
@@ -83,6 +85,16 @@ class MemplanBackend:
         self.decompositions = _inductor_decompositions() if inner == "inductor" else None
         self.plans: list[Plan] = []
         self.graphs = 0
+        # The step's graphs, one per Dynamo frame (a graph break starts a new frame), in the
+        # order they first compiled: the latest plan of each. A recompile of a frame (new
+        # guards, new sizes) replaces its plan; it does not add to the step.
+        self.step: dict[int, Plan] = {}
+
+    @property
+    def predicted_step_peak(self) -> int:
+        """The step's predicted peak over its graphs: each graph's own peak plus what the
+        graphs before it hold (0 before any graph is planned)."""
+        return max((plan.step_peak for plan in self.step.values()), default=0)
 
     def __call__(
         self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
@@ -92,12 +104,29 @@ class MemplanBackend:
         symbols = size_symbols(example_inputs)
         partitioner = Partitioner(self.budget, self.options, name=name)
         partitioner.sizes = signature_of(symbols, example_inputs)
+        frame = _frame()
+        partitioner.resident = self._resident_before(frame)
         compiled = self.compile(gm, example_inputs, partitioner)
+        if partitioner.plans:
+            self.step[frame] = partitioner.plans[-1]
         if not symbols or not partitioner.plans:  # static, or no backward: nothing to resize
             return compiled
         dispatch = ShapeDispatch(self, gm, symbols, partitioner, compiled)
         # Dynamo runs what a backend returns inside the compiled frame: not to be traced.
         return torch._dynamo.disable(dispatch, reason="memplan dispatches on sizes")
+
+    def _resident_before(self, frame: int) -> Resident:
+        """What the graphs of the step compiled before `frame`'s first graph hold."""
+        earlier = []
+        for seen, plan in self.step.items():
+            if seen == frame:
+                break
+            earlier.append(plan)
+        return Resident(
+            held=sum(p.held for p in earlier),
+            unplanned_held=sum(p.unplanned_held for p in earlier),
+            unplanned_step_peak=max((p.unplanned_step_peak for p in earlier), default=0),
+        )
 
     def compile(
         self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], partitioner: Partitioner
@@ -111,6 +140,12 @@ class MemplanBackend:
         )(gm, example_inputs)
         self.plans.extend(partitioner.plans)
         return compiled
+
+
+def _frame() -> int:
+    """The Dynamo frame being compiled (-1 outside a compile)."""
+    compile_id = torch._guards.CompileContext.current_compile_id()
+    return -1 if compile_id is None or compile_id.frame_id is None else compile_id.frame_id
 
 
 class ShapeDispatch:
@@ -148,7 +183,7 @@ class ShapeDispatch:
         """The generic plan where it holds the budget at `sizes`, else a plan of its own."""
         budget = self.backend.budget
         peaks = self.generic.peaks_at(sizes)
-        held = [(p, budget.resolve(u)) for p, u in peaks]
+        held = [(p, self.generic.resident.budget_of(budget, u)) for p, u in peaks]
         if all(peak <= asked for peak, asked in held):
             return self.compiled
         peak, asked = max(held, key=lambda h: h[0] - h[1])
@@ -167,6 +202,7 @@ class ShapeDispatch:
             budget, self.backend.options, name=f"{self.generic.name}[{describe(sizes)}]"
         )
         partitioner.sizes = sizes
+        partitioner.resident = self.generic.resident
         # Traced again on the call's own tensors: a graph of these sizes only.
         return self.backend.compile(self.gm, args, partitioner)
 

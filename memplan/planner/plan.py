@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from dataclasses import dataclass
 
 import torch.fx as fx
 
@@ -41,6 +42,27 @@ from memplan.units import format_bytes
 KERNEL_COPIES, GRAPH_COPIES = "kernel", "graph"  # the ways of PlanOptions.convolution_copies
 
 
+@dataclass(frozen=True)
+class Resident:
+    """What earlier graphs of the step (before a graph break) hold while a graph runs: the
+    bytes their forwards keep for their backwards, as planned and as unplanned, and the
+    step's unplanned peak so far. A graph's budget is the step's, less what they hold."""
+
+    held: int = 0
+    unplanned_held: int = 0
+    unplanned_step_peak: int = 0
+
+    def step_unplanned(self, unplanned_peak: int) -> int:
+        """The step's unplanned peak, given a graph's own: the most of it, with what the
+        earlier graphs hold unplanned, and the step's peak before it."""
+        return max(self.unplanned_step_peak, unplanned_peak + self.unplanned_held)
+
+    def budget_of(self, budget: Budget, unplanned_peak: int) -> int:
+        """A graph's budget in bytes, given its own unplanned peak: the step's budget less
+        what the earlier graphs hold (at least 1 byte)."""
+        return max(1, budget.resolve(self.step_unplanned(unplanned_peak)) - self.held)
+
+
 def plan_graph(
     graph: Graph,
     budget: Budget,
@@ -49,16 +71,19 @@ def plan_graph(
     device: str,
     fingerprint: str = "",
     reuse: Plan | None = None,
+    resident: Resident = Resident(),
 ) -> tuple[Plan, Schedule]:
     """Solve the graph for the budget (or re-apply `reuse`'s decisions) through the driver
     (planner/solve.py), checked by the simulator, and lay its allocations out in one
-    arena. `device` is where the step runs ("cpu", "cuda:0"). Raises InfeasibleBudget with
-    the least peak (in "arena" mode, the least arena) found when nothing fits."""
+    arena. `device` is where the step runs ("cpu", "cuda:0"); `resident` is what earlier
+    graphs of the step hold (a share is then of the step's unplanned peak). Raises
+    InfeasibleBudget with the least peak (in "arena" mode, the least arena) found when
+    nothing fits."""
     solver_options = options.solver_options(device.split(":")[0])
     reference = get_solver("keep_all")(graph, None, solver_options)
     assert reference.schedule is not None
     unplanned = simulate(graph, reference.schedule)
-    asked = budget.resolve(unplanned.peak)
+    asked = resident.budget_of(budget, unplanned.peak)
     reapplied = None if reuse is None else _reapply(graph, reuse, solver_options)
     solved = solve_within_budget(
         graph,
@@ -85,7 +110,22 @@ def plan_graph(
     simulate(graph, result.schedule, bandwidth=solver_options.bandwidth, budget=solved.budget)
     check_layout(trace.allocations, layout)
     plan = _make_plan(graph, solved, layout, unplanned, budget, asked, device, fingerprint, options)
+    kept = _kept_for_backward(graph, trace, result.schedule.split)
+    plan = dataclasses.replace(
+        plan,
+        held=kept,
+        unplanned_held=_kept_for_backward(graph, unplanned, reference.schedule.split),
+        resident=resident.held,
+        unplanned_step_peak=resident.step_unplanned(unplanned.peak),
+    )
     return plan, result.schedule
+
+
+def _kept_for_backward(graph: Graph, trace: MemoryTrace, split: int) -> int:
+    """Bytes live at the end of the forward other than its outputs (which a later graph
+    counts as its inputs): parameters, inputs and what the backward reads."""
+    outputs = sum(graph[o].bytes for o in graph.outputs if not graph[o].is_backward)
+    return max(0, trace.live[split - 1] - outputs) if split else 0
 
 
 def _layout_seconds(options: PlanOptions) -> float:
@@ -220,6 +260,8 @@ class Partitioner:
         self.cache = cache if cache is not None else ProfileCache()
         # The sizes (symbol -> value) a graph of dynamic shapes is planned at: its hints.
         self.sizes: ShapeSignature = ()
+        # What earlier graphs of the step hold while this one runs (graph breaks).
+        self.resident = Resident()
         self.plans: list[Plan] = []
         self.lowered: list[Lowered] = []
         self.schedules: list[Schedule] = []
@@ -260,13 +302,15 @@ class Partitioner:
         # variant kept: the other's are about a graph that does not run.
         planned: dict[str, tuple[Lowered, Plan, Schedule] | InfeasibleBudget] = {}
         said: dict[str, list[warnings.WarningMessage]] = {}
-        budget = self.budget
+        budget, resident = self.budget, self.resident
         for way, (variant, low) in lowered.items():
             with warnings.catch_warnings(record=True) as said[way]:
                 warnings.simplefilter("always")
-                planned[way] = found = self._plan(variant, low, budget)
+                planned[way] = found = self._plan(variant, low, budget, resident)
             asked = found.budget if isinstance(found, InfeasibleBudget) else found[1].asked
+            # The next way is held to these bytes, which are net of what is resident.
             budget = Budget(bytes=asked)
+            resident = dataclasses.replace(resident, held=0)
         way, (chosen, plan, schedule) = _faster(planned)
         for warning in said[way]:
             warnings.warn(warning.message, warning.category, stacklevel=2)
@@ -314,7 +358,7 @@ class Partitioner:
         return peaks
 
     def _plan(
-        self, joint: fx.GraphModule, lowered: Lowered, budget: Budget
+        self, joint: fx.GraphModule, lowered: Lowered, budget: Budget, resident: Resident
     ) -> tuple[Lowered, Plan, Schedule] | InfeasibleBudget:
         """Profile and plan one lowered joint graph for `budget`; the InfeasibleBudget
         where nothing fits."""
@@ -339,6 +383,7 @@ class Partitioner:
                 device=str(device),
                 fingerprint=lowered.fingerprint,
                 reuse=self.reuse,
+                resident=resident,
             )
         except InfeasibleBudget as infeasible:
             return infeasible

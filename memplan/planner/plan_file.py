@@ -61,6 +61,18 @@ class Plan:
     # A graph traced with dynamic shapes: the sizes (symbol -> value) its prediction holds
     # at; empty for a graph of static shapes.
     sizes: dict[str, int] = field(default_factory=dict)
+    # A step of several graphs (graph breaks): the bytes this graph's forward keeps for its
+    # backward beyond its outputs (planned and unplanned), the bytes earlier graphs of the
+    # step hold while it runs, and the step's unplanned peak as far as known when planned.
+    held: int = 0
+    unplanned_held: int = 0
+    resident: int = 0
+    unplanned_step_peak: int = 0
+
+    @property
+    def step_peak(self) -> int:
+        """The step's predicted peak while this graph runs: its own and what is resident."""
+        return self.predicted_peak + self.resident
 
     @property
     def asked(self) -> int:
@@ -189,4 +201,8 @@ _PLAN_FIELDS: dict[str, checks.Check] = {
     "requested_as": checks.text,
     "note": checks.text,
     "sizes": checks.names_to(checks.count, "non-negative integers"),
+    "held": checks.count,
+    "unplanned_held": checks.count,
+    "resident": checks.count,
+    "unplanned_step_peak": checks.count,
 }

@@ -1,0 +1,581 @@
+"""`python -m benchmarks.compiled`: memplan against torch.compile, on the path users take.
+
+Each model of the head-to-head (benchmarks/models.py, at its sizes) trains under:
+- eager, the reference for gradients and the plot's unit of time;
+- `torch.compile(model)` (inductor, the default backend) at each
+  `torch._functorch.config.activation_memory_budget` of PYTORCH_BUDGETS (1.0 to 0.0);
+- `torch.compile(model, backend=memplan.backend(budget=..., inner="inductor"))` at 90%, 70%
+  and 50% of each graph's unplanned peak, at its least feasible budget, and at each of
+  torch.compile's measured peaks as an absolute budget ("matched <budget>").
+
+Each run compiles afresh (Dynamo is reset) on a copy of the model; its first training
+step, compile included, is timed; then the allocator reads the peak of a steady step
+(memplan.tools.verify.steady_step_peak), the gradients are compared with eager's and the
+median step time of `--repeats` steps is taken. For memplan, the plans' predicted peaks
+are kept to compare with the allocator. A run that raises is recorded as "error: ..." and
+the benchmark goes on. Writes benchmarks/results/compiled-<device>.json, one plot per model
+(docs/img/compiled_<model>.png) and the section of docs/results.md between MARKERS
+(`compiled_section` gives the same text to benchmarks.models' results_markdown).
+Run: `python -m benchmarks.compiled [--help]`; a smoke run (its figures are no results):
+`python -m benchmarks.compiled --models cnn --sizes small --budgets 1.0 0.0 --shares 50%
+--out /tmp/smoke`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import dataclasses
+import json
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import torch
+from rich.console import Console
+from rich.progress import Progress
+from torch import nn
+
+import memplan
+from benchmarks.models import (
+    LEAST,
+    LOWER_REQUIRED,
+    SIZES,
+    SLOWER_ALLOWED,
+    SOLVERS,
+    Bench,
+    Run,
+    _front,
+    machine,
+    model_targets,
+    pytorch_label,
+)
+from benchmarks.pages import write_section
+from memplan.backends import MemplanBackend
+from memplan.budget import Budget
+from memplan.errors import InfeasibleBudget, MemplanError
+from memplan.files import write_json_atomically
+from memplan.planner.measure import median_step_seconds
+from memplan.planner.plan_file import Plan
+from memplan.tools.compare import PYTORCH_BUDGETS
+from memplan.tools.verify import compare_grads, steady_step_peak, training_step
+from memplan.tools.zoo import ZOO
+from memplan.units import format_bytes
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+DOCS = ROOT / "docs"
+SHARES = ("90%", "70%", "50%")
+# What a smoke run shrinks each size of benchmarks.models.SIZES to (at most): every model
+# compiles in seconds and steps in milliseconds. Its figures are not results.
+SMALL = {"batch": 2, "seq": 32, "image": 32, "layers": 2, "width": 32, "channels": 8, "blocks": 2}
+PRESETS = ("bench", "small")
+# The section of docs/results.md this benchmark owns. compiled_section() returns it with
+# the markers, so that results_markdown (which rewrites the page) keeps them and a rerun
+# of this benchmark alone replaces just this section (benchmarks.pages.write_section).
+MARKERS = ("<!-- compiled: start -->", "<!-- compiled: end -->")
+
+
+@dataclass(frozen=True)
+class CompiledRun(Run):
+    """A Run through torch.compile. method is "eager", "pytorch" (torch.compile's default
+    at an activation memory budget) or "memplan" (memplan's backend, inductor inside);
+    plan_seconds is the first training step's wall time, compile included; for memplan,
+    budget is the largest of its graphs' budgets and predicted_peak the sum of their
+    predicted peaks (with one graph, that graph's)."""
+
+    graphs: int = 0  # graphs Dynamo compiled in the run: one per graph break and recompile
+    graph_peaks: list[int] = field(default_factory=list)  # memplan's prediction per graph
+    notes: list[str] = field(default_factory=list)  # memplan's plan notes (best effort)
+
+    @property
+    def prediction_error(self) -> float | None:
+        """The allocator's peak against memplan's prediction, as a fraction."""
+        if not self.measured or not self.predicted_peak:
+            return None
+        return self.measured_peak / self.predicted_peak - 1  # type: ignore[operator]
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """Where a run writes: the JSON's folder, and the page's folder (images under img/).
+    `--out DIR` puts all three in DIR, where the page's image links still resolve."""
+
+    results: Path
+    docs: Path
+
+    @classmethod
+    def under(cls, out: Path | None) -> Outputs:
+        return cls(RESULTS, DOCS) if out is None else cls(out, out)
+
+    @property
+    def page(self) -> Path:
+        return self.docs / "results.md"
+
+    def image(self, name: str) -> Path:
+        return self.docs / "img" / name
+
+
+def sizes_of(name: str, preset: str) -> dict[str, int]:
+    """The model's sizes at the head-to-head ("bench") or shrunk for a smoke run."""
+    full = SIZES[name]
+    return full if preset == "bench" else {k: min(v, SMALL[k]) for k, v in full.items()}
+
+
+def one_line(error: BaseException) -> str:
+    """The innermost cause of `error` on one line (at most 300 characters): Dynamo wraps a
+    backend's exception in BackendCompilerFailed, whose message tells the whole story over
+    several lines."""
+    while True:
+        inner = error.__cause__ or getattr(error, "inner_exception", None)
+        if not isinstance(inner, BaseException):
+            break
+        error = inner
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"[:300]
+
+
+def cause_of(error: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The first exception of `kind` among `error` and its causes."""
+    found: BaseException | None = error
+    while found is not None and not isinstance(found, kind):
+        found = found.__cause__ or getattr(found, "inner_exception", None)
+    return found
+
+
+def compiled_graphs() -> int:
+    """Graphs Dynamo has compiled in this process (its counters outlive a reset)."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+class Compiled:
+    """One model's runs through torch.compile, each on a fresh copy of the model, measured
+    against Bench's eager gradients."""
+
+    def __init__(self, bench: Bench, solver: str, time_limit: float) -> None:
+        self.bench = bench
+        self.solver = solver
+        self.time_limit = time_limit
+
+    def eager(self) -> CompiledRun:
+        return CompiledRun(**asdict(self.bench.eager()))
+
+    def pytorch(self, budget: float) -> CompiledRun:
+        """torch.compile's default at activation_memory_budget `budget`. The patch holds
+        for the whole run: compilation is lazy (the partitioner runs on the first call),
+        and a recompile later would otherwise partition at the default budget."""
+        run = CompiledRun(self.bench.example.name, "pytorch", pytorch_label(budget), None, "ok")
+        patch = torch._functorch.config.patch(activation_memory_budget=budget)
+        return self._measure(run, torch.compile, patch)
+
+    def memplan(self, setting: str, budget: int | str, spent: float = 0.0) -> CompiledRun:
+        """memplan's backend at `budget` (a share, or bytes per graph); `spent` is planning
+        time already spent on this run (the least budget's probe)."""
+        run = CompiledRun(self.bench.example.name, "memplan", setting, self.solver, "ok")
+        backends: list[MemplanBackend] = []
+
+        def compile_(model: nn.Module) -> nn.Module:
+            # The backend is built here, inside _measure: a bad budget is the run's error.
+            backends.append(self._backend(budget))
+            return torch.compile(model, backend=backends[-1])
+
+        run = self._measure(run, compile_, contextlib.nullcontext())
+        run = dataclasses.replace(run, plan_seconds=run.plan_seconds + spent)
+        return _with_plans(run, backends[0].plans if backends else [])
+
+    def least(self) -> CompiledRun:
+        """memplan at its least feasible budget, found as benchmarks.models finds it: the
+        smallest feasible peak InfeasibleBudget reports for a 1-byte budget, then planned
+        for as an absolute budget (a plan at that budget can be faster than the least-memory
+        solve that found it)."""
+        started = time.perf_counter()
+        try:
+            budget = self._least_budget()
+        except Exception as error:
+            run = CompiledRun(self.bench.example.name, "memplan", LEAST, self.solver, "ok")
+            seconds = time.perf_counter() - started
+            return dataclasses.replace(
+                run, status=f"error: {one_line(error)}", plan_seconds=seconds
+            )
+        return self.memplan(LEAST, budget, spent=time.perf_counter() - started)
+
+    def _backend(self, budget: int | str, **options: Any) -> MemplanBackend:
+        return memplan.backend(
+            budget=budget,
+            solver=self.solver,
+            inner="inductor",
+            progress=False,
+            time_limit=self.time_limit,
+            **options,
+        )
+
+    def _least_budget(self) -> int:
+        """The smallest feasible budget of the model's first graph: best_effort is off, so
+        a 1-byte budget raises InfeasibleBudget (through Dynamo) before inductor compiles."""
+        torch._dynamo.reset()
+        backend = self._backend("1 B", best_effort=False)
+        model = copy.deepcopy(self.bench.model)
+        try:
+            training_step(torch.compile(model, backend=backend), self.bench.inputs)()
+        except Exception as error:
+            infeasible = cause_of(error, InfeasibleBudget)
+            if not isinstance(infeasible, InfeasibleBudget):
+                raise
+            return infeasible.smallest_feasible
+        raise MemplanError("memplan met a 1-byte budget")
+
+    def _measure(
+        self,
+        run: CompiledRun,
+        compile_: Callable[[nn.Module], nn.Module],
+        context: contextlib.AbstractContextManager[Any],
+    ) -> CompiledRun:
+        """`run` compiled by `compile_` on a fresh copy of the model inside `context`: the
+        first step's time, the steady step's peak, the gradients' error and the median
+        step time; or the error it raised, in one line."""
+        torch._dynamo.reset()  # each setting compiles afresh, not from the last one's cache
+        model = copy.deepcopy(self.bench.model)
+        inputs, device = self.bench.inputs, self.bench.device
+        before = compiled_graphs()
+        started = time.perf_counter()
+        try:
+            with context:
+                compiled = compile_(model)
+                training_step(compiled, inputs)()  # compiles: Dynamo and AOTAutograd are lazy
+                first = time.perf_counter() - started
+                peak = steady_step_peak(compiled, model, inputs)
+                error, match = compare_grads(model, self.bench.eager_grads)
+                step = training_step(compiled, inputs)
+                seconds = median_step_seconds(step, device=device, repeats=self.bench.repeats)
+        except Exception as failure:
+            seconds = time.perf_counter() - started
+            return dataclasses.replace(
+                run, status=f"error: {one_line(failure)}", plan_seconds=seconds
+            )
+        return dataclasses.replace(
+            run,
+            measured_peak=peak,
+            step_seconds=seconds,
+            plan_seconds=first,
+            grads_match=match,
+            max_grad_error=error,
+            graphs=compiled_graphs() - before,
+        )
+
+
+def _with_plans(run: CompiledRun, plans: list[Plan]) -> CompiledRun:
+    """`run` with what memplan's plans say: budget, predicted peak, decisions, notes."""
+    if not plans:
+        if run.status == "ok":
+            return dataclasses.replace(run, status="error: memplan planned no graph")
+        return run
+    decisions = {d: sum(p.counts()[d] for p in plans) for d in plans[0].counts()}
+    return dataclasses.replace(
+        run,
+        budget=max(p.budget for p in plans),
+        predicted_peak=sum(p.predicted_peak for p in plans),
+        graph_peaks=[p.predicted_peak for p in plans],
+        decisions=decisions,
+        notes=[p.note for p in plans if p.note],
+    )
+
+
+def bench_model(
+    name: str, preset: str, config: argparse.Namespace, advance: Callable[[str, int], None]
+) -> list[CompiledRun]:
+    """Every run on one model, in order; `advance(label, runs)` after each."""
+    try:  # builds the model and takes eager's gradients, the reference of every run
+        example = ZOO[name](**sizes_of(name, preset))
+        bench = Bench(example, config.repeats, config.time_limit)
+        runner = Compiled(bench, config.solver, config.time_limit)
+        runs = [runner.eager()]
+    except Exception as error:  # nothing to compare with: the model's other runs are void
+        advance("eager", runs_per_model(config))
+        return [CompiledRun(name, "eager", "", None, f"error: {one_line(error)}")]
+    advance(runs[-1].label, 1)
+    for budget in config.budgets:
+        runs.append(runner.pytorch(budget))
+        advance(runs[-1].label, 1)
+    for share in config.shares:
+        runs.append(runner.memplan(share, share))
+        advance(runs[-1].label, 1)
+    runs.append(runner.least())
+    advance(runs[-1].label, 1)
+    # A memplan point beside every torch.compile point: at its peak, as an absolute budget.
+    for point in [r for r in runs if r.method == "pytorch"]:
+        if point.measured:
+            assert point.measured_peak is not None
+            runs.append(runner.memplan(f"matched {point.setting}", point.measured_peak))
+        else:  # nothing to match; counted so that the progress bar still ends
+            runs.append(
+                CompiledRun(
+                    name,
+                    "memplan",
+                    f"matched {point.setting}",
+                    config.solver,
+                    "error: the torch.compile point was not measured",
+                )
+            )
+        advance(runs[-1].label, 1)
+    return runs
+
+
+def runs_per_model(config: argparse.Namespace) -> int:
+    """Eager, torch.compile's points, memplan's shares, its least, and the matched ones."""
+    return 1 + 2 * len(config.budgets) + len(config.shares) + 1
+
+
+# --- the report --------------------------------------------------------------------------
+
+
+def plot(runs: list[CompiledRun], path: Path) -> None:
+    """Measured peak against step time (as a multiple of eager's) for one model: the
+    torch.compile points labelled by their activation memory budget, memplan's by setting."""
+    eager = runs[0]
+    assert eager.step_seconds is not None
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+
+    def xy(chosen: list[CompiledRun]) -> tuple[list[float], list[float]]:
+        return (
+            [r.step_seconds / eager.step_seconds for r in chosen],  # type: ignore[operator]
+            [r.measured_peak / 2**20 for r in chosen],  # type: ignore[operator]
+        )
+
+    styles = {
+        "eager": ("black", "*", 160, "eager"),
+        "pytorch": ("tab:blue", "o", 50, "torch.compile (inductor), activation_memory_budget"),
+        "memplan": ("tab:red", "^", 50, "memplan backend (inner inductor)"),
+    }
+    for method, (colour, marker, size, label) in styles.items():
+        chosen = [r for r in runs if r.method == method and r.measured]
+        if not chosen:
+            continue
+        xs, ys = xy(chosen)
+        axes.scatter(xs, ys, c=colour, marker=marker, s=size, label=label, zorder=3)
+        if method != "eager":
+            for r, x, y in zip(chosen, xs, ys, strict=True):
+                text = r.setting.replace("matched ", "=")
+                axes.annotate(
+                    text,
+                    (x, y),
+                    fontsize=7,
+                    color=colour,
+                    xytext=(4, 3),
+                    textcoords="offset points",
+                )
+    front = _front([r for r in runs if r.method == "memplan" and r.measured])
+    if front:
+        axes.step(
+            *xy(front),
+            where="post",
+            color="tab:red",
+            linewidth=1,
+            alpha=0.5,
+            label="memplan front",
+        )
+    axes.set_xlabel("step time / eager")
+    axes.set_ylabel("peak by the allocator (MiB)")
+    axes.set_title(f"{eager.model} under torch.compile: peak vs step time")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=7, loc="best")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def section_text(saved: dict[str, Any]) -> str:
+    """The docs section (without its markers) from the saved JSON."""
+    where = saved["machine"]
+    lines = [
+        "## memplan against torch.compile (inductor)",
+        "",
+        f"Written by `python -m benchmarks.compiled` ({where['date']}, {saved['sizes']} "
+        f"sizes, {where['device_name']}, {where['cpu_threads']} threads, torch "
+        f"{where['torch']}); the raw figures are in "
+        f"`benchmarks/results/compiled-{where['device']}.json`.",
+        "",
+        "The path users take: `torch.compile(model)` (inductor) at each "
+        '`torch._functorch.config.activation_memory_budget` ("pytorch 0.8"), against '
+        "`torch.compile(model, backend=memplan.backend(budget=..., "
+        f'solver="{saved["solver"]}", inner="inductor"))` at a share of each graph\'s '
+        "unplanned peak, at its least feasible budget (the least peak a 1-byte budget "
+        "reports, then planned for) and at each of torch.compile's measured peaks as an "
+        'absolute budget ("matched 0.8"). Each run compiles afresh on a copy of the '
+        "model. Peak: the allocator's, of a steady step "
+        "(`memplan.tools.verify.steady_step_peak`). Step time: the median of "
+        f"{saved['repeats']} steps after two warm-ups, in the same run. Compile time: the "
+        "first training step's wall time (Dynamo, AOTAutograd, memplan's tracing, "
+        "profiling and solving, inductor's code generation, and the step itself; the least "
+        "point adds the probe that finds its budget), with inductor's and memplan's "
+        "on-disk caches as earlier runs left them. Predicted peak: memplan's plans' "
+        "predictions summed over the graphs it compiled (the graphs column: one per graph "
+        "break or recompile; with one, that graph's prediction); under inductor, whose "
+        "fusion and buffer reuse memplan does not model, it is an estimate, and the "
+        "prediction error column is the allocator's peak against it. Gradients: the "
+        "largest absolute difference from eager's.",
+        "",
+        f"Targets: (a) memplan dominates every torch.compile point: some memplan run peaks "
+        f"no higher and steps no slower, with {SLOWER_ALLOWED:.0%} of slack on time "
+        f"(benchmarks.models.SLOWER_ALLOWED, for the noise of a shared machine); (b) at "
+        f"torch.compile's smallest peak, memplan's smallest peak among runs no slower is "
+        f"at least {LOWER_REQUIRED:.0%} lower. Each model's lines below say whether "
+        "they are met, with the figures.",
+        "",
+    ]
+    for model, found in saved["models"].items():
+        runs = [CompiledRun(**r) for r in found["runs"]]
+        sizes = ", ".join(f"{k} {v}" for k, v in found["sizes"].items())
+        lines += [f"### {model} under torch.compile", "", f"Sizes: {sizes}.", ""]
+        lines += [*model_targets(runs), ""]  # type: ignore[arg-type]
+        lines += [f"![{model} under torch.compile](img/compiled_{model}.png)", ""]
+        lines += table(runs)
+    return "\n".join(lines) + "\n"
+
+
+def table(runs: list[CompiledRun]) -> list[str]:
+    """One row per run, then a blank line."""
+    eager = runs[0]
+    lines = [
+        "| run | budget | graphs | predicted peak | measured peak | prediction error | "
+        "vs eager | step time | vs eager | compile time | recomputed | max grad error |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [table_row(r, eager) for r in runs]
+    notes = sorted({f"{r.label}: {n}" for r in runs for n in r.notes})
+    return [*lines, "", *(f"- {n}" for n in notes), *([""] if notes else [])]
+
+
+def table_row(r: CompiledRun, eager: Run) -> str:
+    """A run's row; a run that failed shows its status instead of figures."""
+    budget = "-" if r.budget is None else format_bytes(r.budget)
+    predicted = "-" if r.predicted_peak is None else format_bytes(r.predicted_peak)
+    if r.notes:
+        predicted += " (best effort)"
+    graphs = str(r.graphs) if r.graphs else "-"
+    if not r.measured:
+        cells = [r.label, budget, graphs, predicted, r.status, "", "", "", ""]
+        return "| " + " | ".join([*cells, f"{r.plan_seconds:.1f} s", "", ""]) + " |"
+    assert r.measured_peak is not None and r.step_seconds is not None
+    assert eager.measured_peak is not None and eager.step_seconds is not None
+    error = "-" if r.prediction_error is None else f"{r.prediction_error:+.1%}"
+    moved = str(r.decisions["recompute"]) if r.decisions else "-"
+    return (
+        f"| {r.label} | {budget} | {graphs} | {predicted} | {format_bytes(r.measured_peak)} | "
+        f"{error} | {r.measured_peak / eager.measured_peak:.1%} | "
+        f"{r.step_seconds * 1e3:.1f} ms | {r.step_seconds / eager.step_seconds - 1:+.1%} | "
+        f"{r.plan_seconds:.1f} s | {moved} | {r.max_grad_error:.1e} |"
+    )
+
+
+def compiled_section(where: dict[str, Any], results: Path = RESULTS) -> list[str]:
+    """The section for docs/results.md with its markers, where this benchmark has run on
+    `where`'s device; benchmarks.models' results_markdown adds it to the page."""
+    path = results / f"compiled-{where['device']}.json"
+    if not path.exists():
+        return []
+    text = section_text(json.loads(path.read_text()))
+    return [MARKERS[0], *text.splitlines(), MARKERS[1], ""]
+
+
+def write_report(saved: dict[str, Any], outputs: Outputs) -> None:
+    """The plots, and this benchmark's section of the page (the rest of the page stays)."""
+    for model, found in saved["models"].items():
+        runs = [CompiledRun(**r) for r in found["runs"]]
+        if runs[0].measured:  # eager: the plot's unit of time
+            plot(runs, outputs.image(f"compiled_{model}.png"))
+    outputs.page.parent.mkdir(parents=True, exist_ok=True)
+    write_section(outputs.page, section_text(saved), *MARKERS)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", choices=list(SIZES), default=list(SIZES))
+    parser.add_argument(
+        "--sizes",
+        choices=PRESETS,
+        default="bench",
+        help="bench: benchmarks.models.SIZES; small: a smoke run (needs --out)",
+    )
+    parser.add_argument(
+        "--budgets",
+        nargs="+",
+        type=float,
+        default=list(PYTORCH_BUDGETS),
+        help="torch.compile's activation memory budgets",
+    )
+    parser.add_argument(
+        "--shares", nargs="+", type=_budget, default=list(SHARES), help="memplan's budgets"
+    )
+    parser.add_argument("--solver", choices=SOLVERS, default="greedy", help="memplan's solver")
+    parser.add_argument("--repeats", type=int, default=5, help="timed steps per run (median)")
+    parser.add_argument("--time-limit", type=float, default=20.0, help="seconds per solve")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write the JSON, plots and page here, not into the repository",
+    )
+    parser.add_argument("--report-only", action="store_true", help="redraw from the JSON")
+    args = parser.parse_args(argv)
+    if args.sizes != "bench" and args.out is None:
+        parser.error("--sizes small is a smoke run; its figures are no results: give --out")
+    outputs, where = Outputs.under(args.out), machine()
+    path = outputs.results / f"compiled-{where['device']}.json"
+    if args.report_only:
+        write_report(json.loads(path.read_text()), outputs)
+        return
+    saved = _earlier(path, args, where)
+    # Inductor's and memplan's best-effort warnings repeat what the plans record.
+    warnings.filterwarnings("ignore", category=UserWarning)
+    console = Console()
+    with Progress(console=console) as progress:
+        task = progress.add_task("compiling", total=runs_per_model(args) * len(args.models))
+        for name in args.models:
+
+            def advance(label: str, runs: int, name: str = name) -> None:
+                progress.update(task, advance=runs, description=f"{name}: {label}")
+
+            runs = bench_model(name, args.sizes, args, advance)
+            saved["models"][name] = {
+                "sizes": sizes_of(name, args.sizes),
+                "runs": [asdict(r) for r in runs],
+            }
+            saved["models"] = {m: saved["models"][m] for m in SIZES if m in saved["models"]}
+            write_json_atomically(path, saved)  # after each model: a crash keeps the others
+    write_report(saved, outputs)
+    console.print(f"wrote {path}, {outputs.page} and compiled_*.png")
+
+
+def _budget(text: str) -> str:
+    """A budget as given, once memplan's grammar has read it (a typo fails at once)."""
+    Budget.parse(text)
+    return text
+
+
+def _earlier(path: Path, args: argparse.Namespace, where: dict[str, Any]) -> dict[str, Any]:
+    """The saved results to merge this run's models into: earlier models are kept where
+    they were taken the same way (sizes, solver, repeats), else started afresh."""
+    fresh = {
+        "machine": where,
+        "sizes": args.sizes,
+        "solver": args.solver,
+        "repeats": args.repeats,
+        "models": {},
+    }
+    if not path.exists():
+        return fresh
+    saved = json.loads(path.read_text())
+    same = all(saved.get(k) == fresh[k] for k in ("sizes", "solver", "repeats"))
+    return {**fresh, "models": saved["models"]} if same else fresh
+
+
+if __name__ == "__main__":
+    main()

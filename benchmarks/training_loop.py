@@ -1,0 +1,519 @@
+"""`python -m benchmarks.training_loop`: an ordinary training loop whose shapes change,
+under torch.compile's default and under memplan's backend.
+
+GPT-2 from the zoo (the head-to-head's layers and width, benchmarks.models.SIZES) trains
+for `--steps` steps (30) of a plain loop: SGD, zero_grad, forward, loss.backward, step.
+The batch size cycles through the preset's batches and, every full cycle, the sequence
+length moves to the next of its lengths; the last step of every epoch takes a smaller
+batch, as the end of a data set does. The loop runs twice, on copies of one model and on
+the same batches: under `torch.compile(model)` (inductor) and under
+`torch.compile(model, backend=memplan.backend(budget=B, inner="inductor"))`, B an absolute
+budget: `--share` (70%) of eager's peak at the largest shape, read by the allocator first.
+
+Per step: its shape, the allocator's peak (measure_peak of the step) and the wall time of
+that same run of it (the allocator's recording on), how many graphs Dynamo compiled in it,
+the loss, the exception if it raised (recorded; the loop goes on with the next step) and
+the warnings memplan gave. Per run: compile time, recompiles, memplan's plans. Writes
+benchmarks/results/training-loop-<device>.json, docs/img/training_loop.png and the section
+of docs/results.md between MARKERS (`training_loop_section` gives the same text to
+benchmarks.models' results_markdown).
+Run: `python -m benchmarks.training_loop [--help]`; a smoke run (its figures are no
+results): `python -m benchmarks.training_loop --sizes small --steps 6 --out /tmp/smoke`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import time
+import warnings
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import torch
+from rich.console import Console
+from rich.progress import Progress
+from torch import nn
+
+import memplan
+from benchmarks.compiled import PRESETS, RESULTS, Outputs, compiled_graphs, one_line, sizes_of
+from benchmarks.models import machine
+from benchmarks.pages import write_section
+from memplan.errors import MemplanWarning
+from memplan.files import write_json_atomically
+from memplan.planner.measure import measure_peak
+from memplan.tools.verify import resident_tensors, steady_step_peak
+from memplan.tools.zoo import ZOO
+from memplan.units import format_bytes, format_seconds
+
+MODEL = "gpt2"
+LEARNING_RATE = 1e-3
+INDUCTOR, MEMPLAN = "torch.compile", "memplan"
+# The section of docs/results.md this benchmark owns (see benchmarks/compiled.py).
+MARKERS = ("<!-- training loop: start -->", "<!-- training loop: end -->")
+
+
+@dataclass(frozen=True)
+class Loop:
+    """The shapes a loop cycles through: batch sizes, sequence lengths, and the smaller
+    batch that ends each epoch of `epoch` steps."""
+
+    batches: tuple[int, ...]
+    seqs: tuple[int, ...]
+    last_batch: int
+    epoch: int
+
+    def shapes(self, steps: int) -> list[tuple[int, int]]:
+        """(batch, seq) of each step."""
+        found = []
+        for step in range(steps):
+            batch = self.batches[step % len(self.batches)]
+            seq = self.seqs[step // len(self.batches) % len(self.seqs)]
+            if step % self.epoch == self.epoch - 1:
+                batch = self.last_batch
+            found.append((batch, seq))
+        return found
+
+
+# "bench": the largest shape is the head-to-head's GPT-2 (batch 8, seq 256).
+LOOPS = {
+    "bench": Loop(batches=(8, 6, 4), seqs=(256, 192, 128), last_batch=3, epoch=10),
+    "small": Loop(batches=(2, 3), seqs=(32, 16), last_batch=1, epoch=5),
+}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of the loop: its shape and what it cost, or the exception it raised."""
+
+    step: int
+    batch: int
+    seq: int
+    peak: int | None  # the allocator's, in bytes; None where the step raised
+    seconds: float
+    compiled: int  # graphs Dynamo compiled in the step (0: it ran compiled code)
+    loss: float | None
+    error: str | None = None
+    warnings: list[str] = field(default_factory=list)  # memplan's, in order
+    # Plans memplan made in the step: one per graph Dynamo compiled, and more where the
+    # backend plans a graph of dynamic shapes again for new sizes without a recompile.
+    planned: int = 0
+
+    @property
+    def compiling(self) -> bool:
+        """Whether the step compiled or planned anything (its time is not a steady step's)."""
+        return bool(self.compiled or self.planned)
+
+
+def build(preset: str) -> tuple[nn.Module, int]:
+    """The zoo's GPT-2, positions for the longest sequence, and its vocabulary size."""
+    loop, sizes = LOOPS[preset], sizes_of(MODEL, preset)
+    example = ZOO[MODEL](
+        batch=max(loop.batches), seq=max(loop.seqs), layers=sizes["layers"], width=sizes["width"]
+    )
+    return example.model, example.model.model.config.vocab_size
+
+
+def eager_peak(base: nn.Module, ids: torch.Tensor) -> int:
+    """The allocator's peak of an eager forward and backward (no optimizer step) on `ids`,
+    on a copy of `base`: the loops start from its parameters, with no gradients."""
+    model = copy.deepcopy(base)
+    return steady_step_peak(model, model, (ids, ids))
+
+
+def train(
+    base: nn.Module,
+    compile_: Callable[[nn.Module], nn.Module],
+    plans: Callable[[], int],
+    shapes: list[tuple[int, int]],
+    vocab: int,
+    advance: Callable[[Step], None],
+) -> list[Step]:
+    """The loop on a fresh copy of `base`, compiled afresh by `compile_`; `plans()` counts
+    the plans memplan has made."""
+    torch._dynamo.reset()
+    model = copy.deepcopy(base)
+    compiled = compile_(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
+    generator = torch.Generator().manual_seed(0)  # both runs see the same batches
+    steps = []
+    for index, (batch, seq) in enumerate(shapes):
+        ids = torch.randint(0, vocab, (batch, seq), generator=generator)
+        steps.append(one_step(index, compiled, model, optimizer, ids, plans))
+        advance(steps[-1])
+    return steps
+
+
+def one_step(
+    index: int,
+    compiled: nn.Module,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    ids: torch.Tensor,
+    plans: Callable[[], int],
+) -> Step:
+    """One step of the loop, read by the allocator; an exception is recorded, not raised."""
+    # Before the measured step, not inside it: last step's gradients freed inside would
+    # read as frees of memory the step never allocated.
+    optimizer.zero_grad(set_to_none=True)
+    losses: list[torch.Tensor] = []
+
+    def step() -> None:
+        loss = compiled(ids, ids)  # the zoo's GPT-2 takes (input_ids, labels)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.detach())
+
+    before, planned = compiled_graphs(), plans()
+    started = time.perf_counter()
+    peak, error = None, None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            measured = measure_peak(
+                step, resident=resident_tensors(model, (ids,)), device=ids.device
+            )
+            peak, seconds = measured.peak_bytes, measured.seconds
+        except Exception as failure:
+            error, seconds = one_line(failure), time.perf_counter() - started
+    return Step(
+        step=index,
+        batch=ids.shape[0],
+        seq=ids.shape[1],
+        peak=peak,
+        seconds=seconds,
+        compiled=compiled_graphs() - before,
+        loss=losses[0].item() if losses else None,
+        error=error,
+        warnings=[str(w.message) for w in caught if issubclass(w.category, MemplanWarning)],
+        planned=plans() - planned,
+    )
+
+
+def totals(steps: list[Step], budget: int) -> dict[str, Any]:
+    """A run's totals. compile_seconds: what the steps that compiled or planned took beyond
+    a step of their shape that did neither (the median of those, or of all such steps where
+    the shape never ran without compiling); crashed steps' time is failed_seconds."""
+    ran = [s for s in steps if s.error is None]
+    steady = [s for s in ran if not s.compiling]
+    overall = statistics.median(s.seconds for s in steady) if steady else 0.0
+
+    def steady_time(shape: tuple[int, int]) -> float:
+        same = [s.seconds for s in steady if (s.batch, s.seq) == shape]
+        return statistics.median(same) if same else overall
+
+    peaks = [s.peak for s in ran if s.peak is not None]
+    return {
+        "crashed": len(steps) - len(ran),
+        "graphs_compiled": sum(s.compiled for s in steps),
+        # Graphs compiled after the first step: Dynamo meeting a shape its graphs' guards
+        # reject (it then compiles one with symbolic sizes, or a new static one).
+        "recompiles": sum(s.compiled for s in steps[1:]),
+        "plans": sum(s.planned for s in steps),
+        "compile_seconds": sum(
+            s.seconds - steady_time((s.batch, s.seq)) for s in ran if s.compiling
+        ),
+        "failed_seconds": sum(s.seconds for s in steps if s.error is not None),
+        "steady_median_seconds": overall if steady else None,
+        "max_peak": max(peaks, default=None),
+        "steps_over_budget": sum(1 for p in peaks if p > budget),
+        "warnings": sum(len(s.warnings) for s in steps),
+    }
+
+
+def run_loops(preset: str, steps: int, share: float, progress: Progress) -> dict[str, Any]:
+    """Eager's peak at the largest shape, then the loop under each compiler."""
+    loop = LOOPS[preset]
+    base, vocab = build(preset)
+    largest = torch.randint(0, vocab, (max(loop.batches), max(loop.seqs)))
+    peak = eager_peak(base, largest)
+    budget = int(share * peak)
+    shapes = loop.shapes(steps)
+    task = progress.add_task("training", total=2 * steps)
+    backend = memplan.backend(
+        # Offload off: the inductor inner compiler does not run offload plans yet.
+        budget=budget,
+        inner="inductor",
+        progress=False,
+        offload=False,
+    )
+    # Per run: how it compiles the model, and how many plans memplan has made.
+    compilers: dict[str, tuple[Callable[[nn.Module], nn.Module], Callable[[], int]]] = {
+        INDUCTOR: (torch.compile, lambda: 0),
+        MEMPLAN: (lambda model: torch.compile(model, backend=backend), lambda: len(backend.plans)),
+    }
+    runs = {}
+    for name, (compile_, plans) in compilers.items():
+
+        def advance(step: Step, name: str = name) -> None:
+            state = "crashed" if step.error else f"{format_bytes(step.peak or 0)}"
+            label = f"{name}: step {step.step} ({step.batch}x{step.seq}) {state}"
+            progress.update(task, advance=1, description=label)
+
+        found = train(base, compile_, plans, shapes, vocab, advance)
+        runs[name] = {"steps": [asdict(s) for s in found], "totals": totals(found, budget)}
+    runs[MEMPLAN]["plans"] = [
+        {"budget": p.budget, "predicted_peak": p.predicted_peak, "status": p.status, "note": p.note}
+        for p in backend.plans
+    ]
+    return {
+        "sizes": preset,
+        "loop": asdict(loop),
+        "steps": steps,
+        "share": share,
+        "eager_peak": peak,
+        "budget": budget,
+        "runs": runs,
+    }
+
+
+# --- the report --------------------------------------------------------------------------
+
+
+def plot(saved: dict[str, Any], path: Path) -> None:
+    """Each step's peak under both compilers against the budget; compiling steps hollow,
+    crashed steps an x on the budget line."""
+    figure, axes = plt.subplots(figsize=(8, 4.5))
+    for (name, run), colour in zip(saved["runs"].items(), ("tab:blue", "tab:red"), strict=True):
+        steps = [Step(**s) for s in run["steps"]]
+        ran = [s for s in steps if s.peak is not None]
+        axes.plot(
+            [s.step for s in ran],
+            [s.peak / 2**20 for s in ran],
+            "-",
+            color=colour,
+            alpha=0.5,
+            label=name,
+        )
+        for compiling, face in ((False, colour), (True, "none")):
+            chosen = [s for s in ran if s.compiling == compiling]
+            axes.scatter(
+                [s.step for s in chosen],
+                [s.peak / 2**20 for s in chosen],  # type: ignore[operator]
+                edgecolors=colour,
+                facecolors=face,
+                s=30,
+                zorder=3,
+            )
+        crashed = [s.step for s in steps if s.error is not None]
+        if crashed:
+            axes.scatter(
+                crashed,
+                [saved["budget"] / 2**20] * len(crashed),
+                marker="x",
+                color=colour,
+                s=50,
+                zorder=4,
+                label=f"{name}: crashed",
+            )
+    axes.axhline(
+        saved["budget"] / 2**20,
+        color="tab:red",
+        linestyle="--",
+        linewidth=1,
+        label=f"memplan's budget ({saved['share']:.0%} of eager's largest)",
+    )
+    axes.axhline(
+        saved["eager_peak"] / 2**20,
+        color="0.5",
+        linestyle=":",
+        linewidth=1,
+        label="eager at the largest shape",
+    )
+    shapes = [f"{s['batch']}x{s['seq']}" for s in saved["runs"][INDUCTOR]["steps"]]
+    axes.set_xticks(range(len(shapes)), shapes, rotation=90, fontsize=6)
+    axes.set_xlabel("step (batch x sequence length); hollow: the step compiled or planned")
+    axes.set_ylabel("peak by the allocator (MiB)")
+    axes.set_title("GPT-2, a training loop of changing shapes under torch.compile")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=7, loc="best")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def section_text(saved: dict[str, Any]) -> str:
+    """The docs section (without its markers) from the saved JSON."""
+    where, loop = saved["machine"], saved["loop"]
+    lines = [
+        "## A training loop of changing shapes under torch.compile",
+        "",
+        f"Written by `python -m benchmarks.training_loop` ({where['date']}, "
+        f"{saved['sizes']} sizes, {where['device_name']}, {where['cpu_threads']} threads, "
+        f"torch {where['torch']}); the raw figures are in "
+        f"`benchmarks/results/training-loop-{where['device']}.json`.",
+        "",
+        f"GPT-2 trains for {saved['steps']} steps of a plain loop (SGD, zero_grad, forward, "
+        f"backward, step), the batch cycling through {_listed(loop['batches'])} and the "
+        f"sequence length through {_listed(loop['seqs'])}, the last of every "
+        f"{loop['epoch']} steps a batch of {loop['last_batch']}. Once under "
+        "`torch.compile(model)` (inductor) and once under `torch.compile(model, "
+        'backend=memplan.backend(budget=B, inner="inductor"))`, B = '
+        f"{format_bytes(saved['budget'])}, {saved['share']:.0%} of eager's peak at the "
+        f"largest shape ({format_bytes(saved['eager_peak'])}); an absolute budget holds "
+        "each graph Dynamo hands over. Both take Dynamo's default for shapes: a step of a "
+        "shape the compiled graphs' guards reject compiles again (with symbolic sizes, "
+        "once a size has changed). Each step's peak is the allocator's; its time is "
+        "of the same run, with the allocator's recording on. A step that compiled "
+        "includes what compiling allocated (memplan runs each new graph's nodes to time "
+        "them). Compile time: what the steps that compiled or planned took beyond the "
+        "median step of their shape that did neither.",
+        "",
+        "| run | crashed steps | graphs compiled | recompiles | memplan's plans | "
+        "compile time | time of crashed steps | median step | largest peak | "
+        "steps over B | memplan's warnings |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [_totals_row(name, run["totals"]) for name, run in saved["runs"].items()]
+    lines += ["", *_findings(saved), ""]
+    lines += ["![The training loop's peak per step](img/training_loop.png)", ""]
+    lines += _steps_table(saved)
+    return "\n".join(lines) + "\n"
+
+
+def _listed(values: list[int]) -> str:
+    return ", ".join(str(v) for v in values)
+
+
+def _totals_row(name: str, t: dict[str, Any]) -> str:
+    median = t["steady_median_seconds"]
+    return (
+        f"| {name} | {t['crashed']} | {t['graphs_compiled']} | {t['recompiles']} | "
+        f"{t['plans']} | "
+        f"{t['compile_seconds']:.1f} s | {t['failed_seconds']:.1f} s | "
+        f"{'-' if median is None else f'{median * 1e3:.0f} ms'} | "
+        f"{'-' if t['max_peak'] is None else format_bytes(t['max_peak'])} | "
+        f"{t['steps_over_budget']} | {t['warnings']} |"
+    )
+
+
+def _findings(saved: dict[str, Any]) -> list[str]:
+    """memplan's plans, the exceptions and warnings (each once, with its steps), and how
+    far the two runs' losses are apart."""
+    plans = saved["runs"][MEMPLAN].get("plans", [])
+    lines = [
+        f"- memplan made {len(plans)} plan{'' if len(plans) == 1 else 's'}"
+        + (
+            ": "
+            + "; ".join(
+                f"predicted {format_bytes(p['predicted_peak'])} at budget "
+                f"{format_bytes(p['budget'])} ({p['status']})"
+                for p in plans
+            )
+            if plans
+            else ""
+        )
+        + "."
+    ]
+    for name, run in saved["runs"].items():
+        steps = [Step(**s) for s in run["steps"]]
+        for kind, texts in (
+            ("raised", [(s.step, s.error) for s in steps if s.error]),
+            ("warned", [(s.step, w) for s in steps for w in s.warnings]),
+        ):
+            for text, count in Counter(t for _, t in texts).items():
+                at = [str(i) for i, t in texts if t == text]
+                lines.append(f"- {name} {kind} at step {', '.join(at)} ({count}x): {text}")
+    both = zip(*(run["steps"] for run in saved["runs"].values()), strict=True)
+    apart = [
+        abs(a["loss"] - b["loss"])
+        for a, b in both
+        if a["loss"] is not None and b["loss"] is not None
+    ]
+    if apart:
+        lines.append(
+            f"- Losses of the steps both runs took ({len(apart)}): at most {max(apart):.1e} apart."
+        )
+    return lines
+
+
+def _steps_table(saved: dict[str, Any]) -> list[str]:
+    """Each step under both compilers: peak and time, * where it compiled."""
+    names = list(saved["runs"])
+    lines = [
+        "| step | shape | " + " | ".join(f"{n} peak | {n} time" for n in names) + " |",
+        "|---|---|" + "---|---|" * len(names),
+    ]
+    columns = [[Step(**s) for s in saved["runs"][n]["steps"]] for n in names]
+    for row in zip(*columns, strict=True):
+        cells = [str(row[0].step), f"{row[0].batch} x {row[0].seq}"]
+        for s in row:
+            mark = " *" if s.compiling else ""
+            peak = "crashed" if s.error is not None else format_bytes(s.peak or 0) + mark
+            cells += [peak, format_seconds(s.seconds)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return [
+        *lines,
+        "",
+        "\\* the step compiled (Dynamo compiled a graph, or memplan planned one, in it).",
+        "",
+    ]
+
+
+def training_loop_section(where: dict[str, Any], results: Path = RESULTS) -> list[str]:
+    """The section for docs/results.md with its markers, where this benchmark has run on
+    `where`'s device; benchmarks.models' results_markdown adds it to the page."""
+    path = results / f"training-loop-{where['device']}.json"
+    if not path.exists():
+        return []
+    text = section_text(json.loads(path.read_text()))
+    return [MARKERS[0], *text.splitlines(), MARKERS[1], ""]
+
+
+def write_report(saved: dict[str, Any], outputs: Outputs) -> None:
+    """The plot, and this benchmark's section of the page (the rest of the page stays)."""
+    plot(saved, outputs.image("training_loop.png"))
+    outputs.page.parent.mkdir(parents=True, exist_ok=True)
+    write_section(outputs.page, section_text(saved), *MARKERS)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--sizes",
+        choices=PRESETS,
+        default="bench",
+        help="bench: the head-to-head's GPT-2 and LOOPS['bench']; small: a smoke run (needs --out)",
+    )
+    parser.add_argument("--steps", type=int, default=30, help="steps of each loop")
+    parser.add_argument(
+        "--share", type=float, default=0.7, help="memplan's budget: this share of eager's peak"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write the JSON, plot and page here, not into the repository",
+    )
+    parser.add_argument("--report-only", action="store_true", help="redraw from the JSON")
+    args = parser.parse_args(argv)
+    if args.sizes != "bench" and args.out is None:
+        parser.error("--sizes small is a smoke run; its figures are no results: give --out")
+    outputs, where = Outputs.under(args.out), machine()
+    path = outputs.results / f"training-loop-{where['device']}.json"
+    if args.report_only:
+        write_report(json.loads(path.read_text()), outputs)
+        return
+    # Inductor's warnings are noise here; memplan's are caught per step (one_step).
+    warnings.filterwarnings("ignore", category=UserWarning)
+    console = Console()
+    with Progress(console=console) as progress:
+        saved = {"machine": where, **run_loops(args.sizes, args.steps, args.share, progress)}
+    write_json_atomically(path, saved)
+    write_report(saved, outputs)
+    crashed = sum(run["totals"]["crashed"] for run in saved["runs"].values())
+    console.print(f"wrote {path}, {outputs.page} and training_loop.png; {crashed} steps crashed")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,284 @@
+"""torch.compile as users run it: inductor (the default inner compiler), memplan's transfer
+ops as custom operators, shapes that change between steps, and graph breaks under one
+budget for the step."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+
+import pytest
+import torch
+from test_e2e import eager_grads, example_of, train_step
+
+import memplan
+from memplan.errors import InfeasibleBudget, MemplanWarning
+from memplan.passes.offload import OFFLOAD, PREFETCH, WAIT
+from memplan.tools.verify import steady_step_peak
+from memplan.tools.zoo import ZOO, Example
+
+# Bytes: far under any model's least peak, so that the backend plans for its least.
+LEAST = 1024
+
+
+def max_grad_errors(model: torch.nn.Module, expected: dict[str, torch.Tensor]) -> list[float]:
+    """Per parameter, the largest absolute difference of its gradient from `expected`."""
+    return [(p.grad - expected[n]).abs().max().item() for n, p in model.named_parameters()]
+
+
+def inductor_errors(example: Example, expected: dict[str, torch.Tensor]) -> list[float]:
+    """Plain torch.compile's distance from eager's gradients: inductor's own tolerance.
+    Its fused kernels reduce in another order than eager's (BatchNorm's gradients differ
+    most), and a plan changes what is fused; memplan may be off by twice as much, or 1e-6."""
+    torch._dynamo.reset()
+    plain = copy.deepcopy(example.model)
+    train_step(torch.compile(plain), example.inputs)()
+    return [max(2 * e, 1e-6) for e in max_grad_errors(plain, expected)]
+
+
+class Transfer(torch.nn.Module):
+    """A value sent to the host and back, as an offload plan's graphs do."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        host = OFFLOAD(torch.sin(x))
+        landed = PREFETCH(host, x.device)
+        WAIT(landed)
+        return landed * 2 + 1
+
+
+def test_transfer_ops_are_ordinary_ops_to_inductor_and_export() -> None:
+    x = torch.randn(8, 8)
+    expected = Transfer()(x)
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(Transfer())(x), expected)
+    exported = torch.export.export(Transfer(), (x,))
+    targets = {n.target for n in exported.graph.nodes if n.op == "call_function"}
+    assert {OFFLOAD, PREFETCH} <= targets
+    saved = io.BytesIO()
+    torch.export.save(exported, saved)
+    saved.seek(0)
+    torch.testing.assert_close(torch.export.load(saved).module()(x), expected)
+
+
+def test_inductor_runs_an_offload_plan() -> None:
+    example = example_of("mlp")
+    expected = eager_grads(example)
+    tolerance = inductor_errors(example, expected)
+    torch._dynamo.reset()
+    backend = memplan.backend(budget="50%", offload=True, offload_threshold=0, progress=False)
+    model = copy.deepcopy(example.model)
+    train_step(torch.compile(model, backend=backend), example.inputs)()
+    (plan,) = backend.plans
+    assert plan.counts()["offload"] > 0
+    errors = max_grad_errors(model, expected)
+    assert all(e <= t for e, t in zip(errors, tolerance, strict=True)), (errors, tolerance)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "mlp",
+        "gpt2",
+        pytest.param(
+            "resnet",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="under inductor ResNet's step peaks about 10% above the prediction "
+                "at 70% (9.23 MiB against 8.42 MiB predicted, budget 8.83 MiB): inductor's "
+                "kernels for BatchNorm and convolutions hold memory the plan's graph does not",
+            ),
+        ),
+    ],
+)
+def test_inductor_trains_like_eager_within_the_budget(name: str) -> None:
+    """Inductor (the default) compiles the planned graphs, recomputation included, at 70%
+    and at the least: gradients to inductor's own tolerance, and the allocator's peak of
+    the compiled step within the budget."""
+    example = example_of(name)
+    expected = eager_grads(example)
+    tolerance = inductor_errors(example, expected)
+    for budget in ["70%", LEAST]:
+        torch._dynamo.reset()
+        backend = memplan.backend(budget=budget, progress=False)
+        model = copy.deepcopy(example.model)
+        compiled = torch.compile(model, backend=backend)
+        # At the least, the backend says it planned for less than asked (warnings are errors).
+        with pytest.warns(MemplanWarning) if budget == LEAST else contextlib.nullcontext():
+            train_step(compiled, example.inputs)()
+        (plan,) = backend.plans
+        assert plan.counts()["recompute"] > 0
+        errors = max_grad_errors(model, expected)
+        assert all(e <= t for e, t in zip(errors, tolerance, strict=True)), (errors, tolerance)
+        measured = steady_step_peak(compiled, model, example.inputs)
+        assert plan.predicted_peak <= plan.budget
+        assert measured <= plan.budget, (budget, measured, plan.budget, plan.predicted_peak)
+
+
+def _gpt2() -> Example:
+    return ZOO["gpt2"](batch=4, seq=32, layers=2, width=32)
+
+
+def _cut(inputs: tuple[torch.Tensor, ...], batch: int, seq: int) -> tuple[torch.Tensor, ...]:
+    return tuple(x[:batch, :seq].contiguous() for x in inputs)
+
+
+def _train_and_compare(
+    compiled: torch.nn.Module, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]
+) -> None:
+    """One step of the compiled model against one eager step of the same weights."""
+    reference = copy.deepcopy(model)
+    for m in (model, reference):
+        m.zero_grad(set_to_none=True)
+    train_step(compiled, inputs)()
+    train_step(reference, inputs)()
+    for (name, got), want in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_a_changing_batch_and_sequence_length_train_like_eager() -> None:
+    """An epoch's smaller last batch and a new sequence length: Dynamo recompiles with
+    symbolic sizes, and memplan plans them at their hints, or again for a call's sizes."""
+    example = _gpt2()
+    torch._dynamo.reset()
+    backend = memplan.backend(budget="60%", progress=False)
+    model = copy.deepcopy(example.model)
+    compiled = torch.compile(model, backend=backend)
+    for batch, seq in [(4, 32), (2, 32), (4, 16), (3, 24), (4, 32)]:
+        _train_and_compare(compiled, model, _cut(example.inputs, batch, seq))
+    dynamic = [plan for plan in backend.plans if plan.sizes]
+    assert dynamic, "no graph of symbolic sizes was planned"
+    assert all(plan.predicted_peak <= plan.budget for plan in backend.plans)
+
+
+def test_dynamic_true_and_mark_dynamic() -> None:
+    example = _gpt2()
+    torch._dynamo.reset()
+    backend = memplan.backend(budget="70%", progress=False)
+    model = copy.deepcopy(example.model)
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    for seq in (32, 20):
+        _train_and_compare(compiled, model, _cut(example.inputs, 4, seq))
+    assert backend.plans[0].sizes  # symbolic from the first compile on
+
+    mlp = ZOO["mlp"](batch=512)
+    torch._dynamo.reset()
+    backend = memplan.backend(budget="70%", progress=False)
+    model = copy.deepcopy(mlp.model)
+    compiled = torch.compile(model, backend=backend)
+    for batch in (512, 200):
+        inputs = tuple(x[:batch].clone() for x in mlp.inputs)
+        for x in inputs:
+            torch._dynamo.mark_dynamic(x, 0)
+        _train_and_compare(compiled, model, inputs)
+    # Planned at the first batch; the second is planned again only where the first plan
+    # would not hold 70% of its own unplanned peak.
+    assert list(backend.plans[0].sizes.values()) == [512]
+    assert all(plan.sizes for plan in backend.plans)
+
+
+def test_two_models_in_one_process() -> None:
+    torch._dynamo.reset()
+    options = {"budget": "70%", "progress": False}
+    for example in (ZOO["mlp"](batch=256), _gpt2()):
+        model = copy.deepcopy(example.model)
+        compiled = torch.compile(model, backend="memplan", options=options)
+        _train_and_compare(compiled, model, example.inputs)
+
+
+def test_a_shape_the_budget_cannot_hold_warns_or_raises_before_the_step() -> None:
+    """Planned at a small batch under an absolute budget that fits it, a call at a larger
+    batch is planned again; where nothing fits, the warning names the sizes and the least
+    peak, and with best_effort=False the error comes before anything of the step runs."""
+    example = ZOO["mlp"](batch=2048)
+    # Not 128, the width: Dynamo would take both for one size and specialize it.
+    small = tuple(x[:64].clone() for x in example.inputs)
+    torch._dynamo.reset()
+    probe = memplan.backend(budget="100%", progress=False)
+    train_step(torch.compile(copy.deepcopy(example.model), backend=probe, dynamic=True), small)()
+    budget = probe.plans[0].unplanned_peak  # holds the small batch unplanned
+
+    torch._dynamo.reset()
+    backend = memplan.backend(budget=budget, progress=False)
+    model = copy.deepcopy(example.model)
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    train_step(compiled, small)()
+    with pytest.warns(MemplanWarning, match=r"s\d+=2048\]: .*smallest feasible peak"):
+        train_step(compiled, example.inputs)()
+
+    torch._dynamo.reset()
+    strict = memplan.backend(budget=budget, best_effort=False, progress=False)
+    model = copy.deepcopy(example.model)
+    compiled = torch.compile(model, backend=strict, dynamic=True)
+    train_step(compiled, small)()
+    model.zero_grad(set_to_none=True)
+    with pytest.raises(InfeasibleBudget):
+        train_step(compiled, example.inputs)()
+    assert all(p.grad is None for p in model.parameters())  # nothing of the step ran
+
+
+class ThreeBreaks(torch.nn.Module):
+    """Four MLP stages with a graph break between each two: Dynamo hands over 4 graphs."""
+
+    def __init__(self, width: int = 64, depth: int = 6) -> None:
+        super().__init__()
+        self.stages = torch.nn.ModuleList(
+            torch.nn.Sequential(
+                *[m for _ in range(depth) for m in (torch.nn.Linear(width, width), torch.nn.GELU())]
+            )
+            for _ in range(4)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stages[0](x)
+        torch._dynamo.graph_break()
+        x = self.stages[1](x)
+        torch._dynamo.graph_break()
+        x = self.stages[2](x)
+        torch._dynamo.graph_break()
+        return self.stages[3](x).square().mean()
+
+
+def test_three_graph_breaks_hold_one_budget_for_the_step() -> None:
+    torch.manual_seed(0)
+    model, inputs = ThreeBreaks(), (torch.randn(2048, 64),)
+    eager = steady_step_peak(model, model, inputs)
+    budget = int(0.9 * eager)
+    torch._dynamo.reset()
+    backend = memplan.backend(budget=budget, progress=False)
+    planned = copy.deepcopy(model)
+    compiled = torch.compile(planned, backend=backend)
+    measured = steady_step_peak(compiled, planned, inputs)
+    assert len(backend.plans) == 4
+    # Each graph is planned with what the graphs before it keep for their backwards.
+    residents = [plan.resident for plan in backend.plans]
+    assert residents[0] == 0 and residents == sorted(residents) and residents[-1] > 0
+    assert backend.predicted_step_peak <= budget
+    assert measured <= budget, (measured, budget, backend.predicted_step_peak)
+    _train_and_compare(compiled, planned, inputs)
+
+
+def test_a_share_is_of_the_steps_unplanned_peak() -> None:
+    """Two graphs under 60%: the second's budget is 60% of the step's unplanned peak (its
+    own and what the first keeps for its backward), less what the first keeps as planned."""
+    torch.manual_seed(0)
+    model, inputs = ThreeBreaks(depth=8), (torch.randn(4096, 64),)
+    expected = {n: p.grad for n, p in _stepped(copy.deepcopy(model), inputs).named_parameters()}
+    torch._dynamo.reset()
+    backend = memplan.backend(budget="60%", progress=False)
+    planned = copy.deepcopy(model)
+    train_step(torch.compile(planned, backend=backend), inputs)()
+    first, *later = backend.plans
+    assert first.resident == 0 and first.budget == -(-6 * first.unplanned_peak // 10)
+    for plan, before in zip(later, backend.plans, strict=False):
+        assert plan.resident == before.resident + before.held
+        assert plan.budget == -(-6 * plan.unplanned_step_peak // 10) - plan.resident
+    step_unplanned = max(plan.unplanned_step_peak for plan in backend.plans)
+    assert backend.predicted_step_peak <= 0.6 * step_unplanned + 1
+    for name, param in planned.named_parameters():
+        torch.testing.assert_close(param.grad, expected[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def _stepped(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> torch.nn.Module:
+    train_step(model, inputs)()
+    return model
