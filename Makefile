@@ -28,6 +28,7 @@ bench: $(BIN)/memplan
 	$(BIN)/python -m benchmarks.sweep
 	$(BIN)/python -m benchmarks.compiled
 	$(BIN)/python -m benchmarks.training_loop
+	$(BIN)/python -m benchmarks.inductor_peaks
 	$(BIN)/python -m benchmarks.models
 
 clean:

@@ -58,7 +58,7 @@ from benchmarks.models import (
     model_targets,
     pytorch_label,
 )
-from benchmarks.pages import write_section
+from benchmarks.pages import saved_section, write_section
 from memplan.backends import MemplanBackend
 from memplan.budget import Budget
 from memplan.errors import InfeasibleBudget, MemplanError
@@ -478,11 +478,7 @@ def table_row(r: CompiledRun, eager: Run) -> str:
 def compiled_section(where: dict[str, Any], results: Path = RESULTS) -> list[str]:
     """The section for docs/results.md with its markers, where this benchmark has run on
     `where`'s device; benchmarks.models' results_markdown adds it to the page."""
-    path = results / f"compiled-{where['device']}.json"
-    if not path.exists():
-        return []
-    text = section_text(json.loads(path.read_text()))
-    return [MARKERS[0], *text.splitlines(), MARKERS[1], ""]
+    return saved_section(results / f"compiled-{where['device']}.json", section_text, *MARKERS)
 
 
 def write_report(saved: dict[str, Any], outputs: Outputs) -> None:
@@ -495,15 +491,41 @@ def write_report(saved: dict[str, Any], outputs: Outputs) -> None:
     write_section(outputs.page, section_text(saved), *MARKERS)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", choices=list(SIZES), default=list(SIZES))
-    parser.add_argument(
-        "--sizes",
-        choices=PRESETS,
-        default="bench",
-        help="bench: benchmarks.models.SIZES; small: a smoke run (needs --out)",
-    )
+def command_line(
+    parser: argparse.ArgumentParser,
+    argv: list[str] | None,
+    *,
+    sizes_help: str,
+    options: Callable[[argparse.ArgumentParser], None],
+    out_help: str,
+    stem: str,
+    report: Callable[[dict[str, Any], Outputs], None],
+) -> tuple[argparse.Namespace, Outputs, dict[str, Any], Path] | None:
+    """A benchmark's command line: adds --sizes (help `sizes_help`), the benchmark's own
+    `options`, --out (help `out_help`) and --report-only to `parser`, in that order (as
+    --help lists them), and parses `argv`; refuses a smoke run that would write into the
+    repository. With --report-only, redraws (`report`) from the saved
+    `<stem>-<device>.json` and returns None; else returns the arguments, the Outputs, the
+    machine and that JSON's path, with UserWarnings silenced: inductor's are noise, and
+    memplan's are recorded by the plans or caught per step."""
+    parser.add_argument("--sizes", choices=PRESETS, default="bench", help=sizes_help)
+    options(parser)
+    parser.add_argument("--out", type=Path, default=None, help=out_help)
+    parser.add_argument("--report-only", action="store_true", help="redraw from the JSON")
+    args = parser.parse_args(argv)
+    if args.sizes != "bench" and args.out is None:
+        parser.error("--sizes small is a smoke run; its figures are no results: give --out")
+    outputs, where = Outputs.under(args.out), machine()
+    path = outputs.results / f"{stem}-{where['device']}.json"
+    if args.report_only:
+        report(json.loads(path.read_text()), outputs)
+        return None
+    warnings.filterwarnings("ignore", category=UserWarning)
+    return args, outputs, where, path
+
+
+def _options(parser: argparse.ArgumentParser) -> None:
+    """This benchmark's own options, between --sizes and --out."""
     parser.add_argument(
         "--budgets",
         nargs="+",
@@ -517,24 +539,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--solver", choices=SOLVERS, default="greedy", help="memplan's solver")
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per run (median)")
     parser.add_argument("--time-limit", type=float, default=20.0, help="seconds per solve")
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="write the JSON, plots and page here, not into the repository",
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", choices=list(SIZES), default=list(SIZES))
+    parsed = command_line(
+        parser,
+        argv,
+        sizes_help="bench: benchmarks.models.SIZES; small: a smoke run (needs --out)",
+        options=_options,
+        out_help="write the JSON, plots and page here, not into the repository",
+        stem="compiled",
+        report=write_report,
     )
-    parser.add_argument("--report-only", action="store_true", help="redraw from the JSON")
-    args = parser.parse_args(argv)
-    if args.sizes != "bench" and args.out is None:
-        parser.error("--sizes small is a smoke run; its figures are no results: give --out")
-    outputs, where = Outputs.under(args.out), machine()
-    path = outputs.results / f"compiled-{where['device']}.json"
-    if args.report_only:
-        write_report(json.loads(path.read_text()), outputs)
+    if parsed is None:
         return
+    args, outputs, where, path = parsed
     saved = _earlier(path, args, where)
-    # Inductor's and memplan's best-effort warnings repeat what the plans record.
-    warnings.filterwarnings("ignore", category=UserWarning)
     console = Console()
     with Progress(console=console) as progress:
         task = progress.add_task("compiling", total=runs_per_model(args) * len(args.models))

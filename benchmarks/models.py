@@ -442,9 +442,11 @@ def results_markdown(runs: list[Run], where: dict[str, Any]) -> str:
         "",
     ]
     from benchmarks.compiled import compiled_section  # here: it imports this module
+    from benchmarks.inductor_peaks import inductor_peaks_section
     from benchmarks.training_loop import training_loop_section
 
     lines += sweep_section(where) + compiled_section(where) + training_loop_section(where)
+    lines += inductor_peaks_section(where)
     for model in dict.fromkeys(r.model for r in runs):
         rows = [r for r in runs if r.model == model]
         eager = rows[0]

@@ -3,7 +3,10 @@ a rerun replaces and the rest of the page keeps."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def write_section(page: Path, text: str, start: str, end: str) -> None:
@@ -16,3 +19,14 @@ def write_section(page: Path, text: str, start: str, end: str) -> None:
     else:
         before, after = content.rstrip("\n") + "\n\n", "\n"
     page.write_text(f"{before}{start}\n{text}{end}{after}")
+
+
+def saved_section(
+    path: Path, text: Callable[[dict[str, Any]], str], start: str, end: str
+) -> list[str]:
+    """The section's lines, its `start` and `end` markers included and a blank line after,
+    with `text` of the results saved at `path`; none where that JSON is not there (the
+    benchmark has not run)."""
+    if not path.exists():
+        return []
+    return [start, *text(json.loads(path.read_text())).splitlines(), end, ""]

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
 import time
 import warnings
@@ -45,9 +44,15 @@ from rich.progress import Progress
 from torch import nn
 
 import memplan
-from benchmarks.compiled import PRESETS, RESULTS, Outputs, compiled_graphs, one_line, sizes_of
-from benchmarks.models import machine
-from benchmarks.pages import write_section
+from benchmarks.compiled import (
+    RESULTS,
+    Outputs,
+    command_line,
+    compiled_graphs,
+    one_line,
+    sizes_of,
+)
+from benchmarks.pages import saved_section, write_section
 from memplan.errors import MemplanWarning
 from memplan.files import write_json_atomically
 from memplan.planner.measure import measure_peak
@@ -315,20 +320,12 @@ def plot(saved: dict[str, Any], path: Path) -> None:
                 zorder=4,
                 label=f"{name}: crashed",
             )
-    axes.axhline(
-        saved["budget"] / 2**20,
-        color="tab:red",
-        linestyle="--",
-        linewidth=1,
-        label=f"memplan's budget ({saved['share']:.0%} of eager's largest)",
-    )
-    axes.axhline(
-        saved["eager_peak"] / 2**20,
-        color="0.5",
-        linestyle=":",
-        linewidth=1,
-        label="eager at the largest shape",
-    )
+    budget = f"memplan's budget ({saved['share']:.0%} of eager's largest)"
+    for level, line_colour, style, label in (
+        (saved["budget"], "tab:red", "--", budget),
+        (saved["eager_peak"], "0.5", ":", "eager at the largest shape"),
+    ):
+        axes.axhline(level / 2**20, color=line_colour, linestyle=style, linewidth=1, label=label)
     shapes = [f"{s['batch']}x{s['seq']}" for s in saved["runs"][INDUCTOR]["steps"]]
     axes.set_xticks(range(len(shapes)), shapes, rotation=90, fontsize=6)
     axes.set_xlabel("step (batch x sequence length); hollow: the step compiled or planned")
@@ -463,11 +460,7 @@ def _steps_table(saved: dict[str, Any]) -> list[str]:
 def training_loop_section(where: dict[str, Any], results: Path = RESULTS) -> list[str]:
     """The section for docs/results.md with its markers, where this benchmark has run on
     `where`'s device; benchmarks.models' results_markdown adds it to the page."""
-    path = results / f"training-loop-{where['device']}.json"
-    if not path.exists():
-        return []
-    text = section_text(json.loads(path.read_text()))
-    return [MARKERS[0], *text.splitlines(), MARKERS[1], ""]
+    return saved_section(results / f"training-loop-{where['device']}.json", section_text, *MARKERS)
 
 
 def write_report(saved: dict[str, Any], outputs: Outputs) -> None:
@@ -477,35 +470,28 @@ def write_report(saved: dict[str, Any], outputs: Outputs) -> None:
     write_section(outputs.page, section_text(saved), *MARKERS)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--sizes",
-        choices=PRESETS,
-        default="bench",
-        help="bench: the head-to-head's GPT-2 and LOOPS['bench']; small: a smoke run (needs --out)",
-    )
+def _options(parser: argparse.ArgumentParser) -> None:
+    """This benchmark's own options, between --sizes and --out."""
     parser.add_argument("--steps", type=int, default=30, help="steps of each loop")
     parser.add_argument(
         "--share", type=float, default=0.7, help="memplan's budget: this share of eager's peak"
     )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="write the JSON, plot and page here, not into the repository",
+
+
+def main(argv: list[str] | None = None) -> None:
+    parsed = command_line(
+        argparse.ArgumentParser(description=__doc__.splitlines()[0]),
+        argv,
+        sizes_help="bench: the head-to-head's GPT-2 and LOOPS['bench']; small: a smoke run "
+        "(needs --out)",
+        options=_options,
+        out_help="write the JSON, plot and page here, not into the repository",
+        stem="training-loop",
+        report=write_report,
     )
-    parser.add_argument("--report-only", action="store_true", help="redraw from the JSON")
-    args = parser.parse_args(argv)
-    if args.sizes != "bench" and args.out is None:
-        parser.error("--sizes small is a smoke run; its figures are no results: give --out")
-    outputs, where = Outputs.under(args.out), machine()
-    path = outputs.results / f"training-loop-{where['device']}.json"
-    if args.report_only:
-        write_report(json.loads(path.read_text()), outputs)
+    if parsed is None:
         return
-    # Inductor's warnings are noise here; memplan's are caught per step (one_step).
-    warnings.filterwarnings("ignore", category=UserWarning)
+    args, outputs, where, path = parsed
     console = Console()
     with Progress(console=console) as progress:
         saved = {"machine": where, **run_loops(args.sizes, args.steps, args.share, progress)}

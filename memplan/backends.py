@@ -13,6 +13,10 @@ peak, with a warning.
 A graph Dynamo traced with dynamic shapes is planned at its traced sizes and runs at any
 (planner/shapes.py). A call at sizes where that plan's prediction exceeds the budget is
 planned again for those sizes (`ShapeDispatch`), up to MAX_SHAPE_PLANS per graph.
+
+Plans are kept on disk by the graph's structure (planner/plan_cache.py): compiling the
+same model with the same budget again, in this process or the next, applies the plan
+made before without solving or profiling.
 """
 
 from __future__ import annotations
@@ -51,15 +55,23 @@ def _inductor_decompositions() -> dict[Any, Callable[..., Any]]:
     return select_decomp_table()
 
 
-def _inductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-    from torch._inductor import config
-    from torch._inductor.compile_fx import compile_fx_inner
+# Inductor's settings under memplan. Layout optimization turns convolutions' activations
+# channels-last, with copies the plan never saw: memplan plans the layouts of the graph as
+# traced (PlanOptions.convolution_copies). `inductor_config=` overrides these.
+INDUCTOR_CONFIG: dict[str, Any] = {"layout_optimization": False}
 
-    # Layout optimization turns convolutions' activations channels-last, with copies the
-    # plan never saw (ResNet's step peaked 9.8% above its prediction with it, 2.3% without);
-    # memplan plans the layouts of the graph as traced (PlanOptions.convolution_copies).
-    with config.patch(layout_optimization=False):
-        return compile_fx_inner(gm, list(example_inputs))
+
+def _inductor(settings: dict[str, Any]) -> Callable[..., Any]:
+    """Inductor's compile of one planned graph, under `settings` (torch._inductor.config)."""
+
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        from torch._inductor import config
+        from torch._inductor.compile_fx import compile_fx_inner
+
+        with config.patch(settings):
+            return compile_fx_inner(gm, list(example_inputs))
+
+    return compile_graph
 
 
 class MemplanBackend:
@@ -70,6 +82,7 @@ class MemplanBackend:
         budget: Budget | str | float = "100%",
         solver: str = "greedy",
         inner: str = "inductor",
+        inductor_config: dict[str, Any] | None = None,
         **options: Any,
     ) -> None:
         if inner not in INNER_COMPILERS:
@@ -78,17 +91,20 @@ class MemplanBackend:
         self.options = PlanOptions(solver=solver, **{"best_effort": True, **options})
         # Eager runs the planned graphs as generated code that frees each value after its
         # last use, as the API path does, so saved activations die where the plan frees them.
-        self.inner = boxed_runner if inner == "eager" else _inductor
+        settings = {**INDUCTOR_CONFIG, **(inductor_config or {})}
+        self.inner = boxed_runner if inner == "eager" else _inductor(settings)
         # Inductor lowers only graphs decomposed by its own table (as torch.compile's
         # default backend traces them): planned on the decomposed graph, the plan is of
         # the ops inductor is given.
         self.decompositions = _inductor_decompositions() if inner == "inductor" else None
         self.plans: list[Plan] = []
         self.graphs = 0
-        # The step's graphs, one per Dynamo frame (a graph break starts a new frame), in the
-        # order they first compiled: the latest plan of each. A recompile of a frame (new
-        # guards, new sizes) replaces its plan; it does not add to the step.
-        self.step: dict[int, Plan] = {}
+        # The step's graphs in the order they first compiled, the latest plan of each, by
+        # (Dynamo frame, graph of that frame's compile): a graph break starts a new frame,
+        # DDP's optimizer splits one compile into several graphs, and a recompile of a
+        # frame (new guards, new sizes) replaces its graphs' plans, not adds to the step.
+        self.step: dict[tuple[int, int], Plan] = {}
+        self._graphs_of: dict[object, int] = {}  # graphs so far per Dynamo compile id
 
     @property
     def predicted_step_peak(self) -> int:
@@ -102,24 +118,33 @@ class MemplanBackend:
         name = f"graph{self.graphs}"
         self.graphs += 1
         symbols = size_symbols(example_inputs)
-        partitioner = Partitioner(self.budget, self.options, name=name)
+        partitioner = Partitioner(self.budget, self.options, name=name, keep_plans=True)
         partitioner.sizes = signature_of(symbols, example_inputs)
-        frame = _frame()
-        partitioner.resident = self._resident_before(frame)
+        key = self._graph_key()
+        partitioner.resident = self._resident_before(key)
         compiled = self.compile(gm, example_inputs, partitioner)
         if partitioner.plans:
-            self.step[frame] = partitioner.plans[-1]
+            self.step[key] = partitioner.plans[-1]
         if not symbols or not partitioner.plans:  # static, or no backward: nothing to resize
             return compiled
         dispatch = ShapeDispatch(self, gm, symbols, partitioner, compiled)
         # Dynamo runs what a backend returns inside the compiled frame: not to be traced.
         return torch._dynamo.disable(dispatch, reason="memplan dispatches on sizes")
 
-    def _resident_before(self, frame: int) -> Resident:
-        """What the graphs of the step compiled before `frame`'s first graph hold."""
+    def _graph_key(self) -> tuple[int, int]:
+        """(Dynamo frame, index of this graph in the frame's compile); (-1, n) outside one."""
+        compile_id = torch._guards.CompileContext.current_compile_id()
+        index = self._graphs_of.get(compile_id, 0)
+        self._graphs_of[compile_id] = index + 1
+        if compile_id is None or compile_id.frame_id is None:
+            return (-1, index)
+        return (compile_id.frame_id, index)
+
+    def _resident_before(self, key: tuple[int, int]) -> Resident:
+        """What the graphs of the step compiled before graph `key` first was hold."""
         earlier = []
         for seen, plan in self.step.items():
-            if seen == frame:
+            if seen == key:
                 break
             earlier.append(plan)
         return Resident(
@@ -140,12 +165,6 @@ class MemplanBackend:
         )(gm, example_inputs)
         self.plans.extend(partitioner.plans)
         return compiled
-
-
-def _frame() -> int:
-    """The Dynamo frame being compiled (-1 outside a compile)."""
-    compile_id = torch._guards.CompileContext.current_compile_id()
-    return -1 if compile_id is None or compile_id.frame_id is None else compile_id.frame_id
 
 
 class ShapeDispatch:
@@ -199,7 +218,10 @@ class ShapeDispatch:
             return self.compiled
         self.specialized += 1
         partitioner = Partitioner(
-            budget, self.backend.options, name=f"{self.generic.name}[{describe(sizes)}]"
+            budget,
+            self.backend.options,
+            name=f"{self.generic.name}[{describe(sizes)}]",
+            keep_plans=True,
         )
         partitioner.sizes = sizes
         partitioner.resident = self.generic.resident
@@ -211,10 +233,12 @@ def backend(
     budget: Budget | str | float = "100%",
     solver: str = "greedy",
     inner: str = "inductor",
+    inductor_config: dict[str, Any] | None = None,
     **options: Any,
 ) -> MemplanBackend:
-    """A memplan backend for torch.compile with the given budget, solver and inner compiler."""
-    return MemplanBackend(budget, solver, inner, **options)
+    """A memplan backend for torch.compile with the given budget, solver and inner compiler
+    (`inductor_config`: settings of torch._inductor.config over memplan's INDUCTOR_CONFIG)."""
+    return MemplanBackend(budget, solver, inner, inductor_config, **options)
 
 
 def memplan_backend(
@@ -222,5 +246,7 @@ def memplan_backend(
     example_inputs: Sequence[Any],
     options: dict[str, Any] | None = None,
 ) -> Callable[..., Any]:
-    """The backend registered by name: `torch.compile(model, backend="memplan")`."""
+    """The backend registered by name: `torch.compile(model, backend="memplan")`. Dynamo
+    calls it once per graph, so each graph is planned alone: for one budget across graph
+    breaks, pass one `backend(...)` object instead."""
     return MemplanBackend(**(options or {}))(gm, example_inputs)

@@ -13,6 +13,8 @@ import torch
 from test_e2e import eager_grads, example_of, train_step
 
 import memplan
+import memplan.planner.profile
+import memplan.planner.solve
 from memplan.errors import InfeasibleBudget, MemplanWarning
 from memplan.passes.offload import OFFLOAD, PREFETCH, WAIT
 from memplan.tools.verify import steady_step_peak
@@ -282,3 +284,28 @@ def test_a_share_is_of_the_steps_unplanned_peak() -> None:
 def _stepped(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> torch.nn.Module:
     train_step(model, inputs)()
     return model
+
+
+def test_compiling_again_applies_the_kept_plan_without_solving_or_profiling(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a second process sees: a new backend, new caches read from disk."""
+    example = ZOO["mlp"](batch=512)
+    plans = []
+    for again in (False, True):
+        if again:
+            # Neither the solver nor the profiler may run now.
+            monkeypatch.setattr(memplan.planner.solve, "get_solver", _must_not_run)
+            monkeypatch.setattr(memplan.planner.profile, "_measure", _must_not_run)
+        torch._dynamo.reset()
+        backend = memplan.backend(budget="60%", inner="eager", progress=False)
+        model = copy.deepcopy(example.model)
+        train_step(torch.compile(model, backend=backend), example.inputs)()
+        plans.extend(backend.plans)
+    first, second = plans
+    assert first.counts()["recompute"] > 0
+    assert (second.decisions, second.predicted_peak) == (first.decisions, first.predicted_peak)
+
+
+def _must_not_run(*_: object, **__: object) -> None:
+    raise AssertionError("ran where the kept plan should have been applied")

@@ -29,6 +29,7 @@ from memplan.planner.layout import (
 )
 from memplan.planner.lower import drop_checked_asserts, lower
 from memplan.planner.options import PlanOptions
+from memplan.planner.plan_cache import cached_plan, plan_key, store_plan
 from memplan.planner.plan_file import Plan
 from memplan.planner.profile import ProfileCache, profile_graph
 from memplan.planner.shapes import ShapeSignature, at
@@ -250,11 +251,14 @@ class Partitioner:
         name: str = "model",
         reuse: Plan | None = None,
         cache: ProfileCache | None = None,
+        keep_plans: bool = False,
     ) -> None:
         self.budget = budget
         self.options = options
         self.name = name
         self.reuse = reuse
+        # Plans kept on disk by graph structure (plan_cache.py), for the next process.
+        self.keep_plans = keep_plans
         # Profiled times are cached on disk, so that planning the same model twice sees the
         # same times and makes the same decisions.
         self.cache = cache if cache is not None else ProfileCache()
@@ -375,6 +379,10 @@ class Partitioner:
             [profile.workspace.get(n.name, 0) for n in lowered.fx_nodes],
         )
         lowered = dataclasses.replace(lowered, graph=graph)
+        reuse, key = self.reuse, ""
+        if self.keep_plans and reuse is None:
+            key = plan_key(lowered.fingerprint, budget, resident.held, self.options, device)
+            reuse = cached_plan(key)
         try:
             plan, schedule = plan_graph(
                 graph,
@@ -382,11 +390,13 @@ class Partitioner:
                 self.options,
                 device=str(device),
                 fingerprint=lowered.fingerprint,
-                reuse=self.reuse,
+                reuse=reuse,
                 resident=resident,
             )
         except InfeasibleBudget as infeasible:
             return infeasible
+        if key and reuse is None:
+            store_plan(key, plan)
         return lowered, plan, schedule
 
 

@@ -1,0 +1,59 @@
+"""Plans kept on disk, keyed by the graph's structure and what it was planned for.
+
+A second process that compiles the same model with the same budget and options gets the
+plan the first made: its decisions are applied again (planner/plan.py's `reuse`), so the
+solver does not run, and the profile cache (profile_cache.py) answers every node's cost,
+so nothing is measured. The key holds the graph's fingerprint (names, ops, edges, bytes),
+the budget as asked, what earlier graphs of the step hold, the options that shape a plan
+and the device. A missing or unreadable entry is a miss: the cache is only a shortcut.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+
+import torch
+
+from memplan import config
+from memplan.budget import Budget
+from memplan.errors import PlanFileError
+from memplan.planner.options import PlanOptions
+from memplan.planner.plan_file import Plan
+from memplan.planner.profile_cache import device_name
+
+PLAN_DIR = "plans-v1"
+# Options that change how a plan is shown, not what it is.
+_NOT_IN_KEY = ("progress",)
+
+
+def plan_key(
+    fingerprint: str, budget: Budget, held: int, options: PlanOptions, device: torch.device
+) -> str:
+    """What a plan was made for, as a hex digest."""
+    shaping = {k: v for k, v in dataclasses.asdict(options).items() if k not in _NOT_IN_KEY}
+    text = json.dumps(
+        [fingerprint, str(budget), held, shaping, device.type, device_name(device)],
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def cached_plan(key: str) -> Plan | None:
+    """The plan stored under `key`, if a readable one is."""
+    path = config.cache_dir() / PLAN_DIR / f"{key}.json"
+    if not path.exists():
+        return None
+    try:
+        return Plan.load(path)
+    except PlanFileError:
+        return None
+
+
+def store_plan(key: str, plan: Plan) -> None:
+    """Keep `plan` under `key` (written atomically)."""
+    folder = config.cache_dir() / PLAN_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    plan.save(folder / f"{key}.json")
