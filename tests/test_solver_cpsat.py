@@ -183,7 +183,7 @@ def test_shared_graphs(name: str, share: str) -> None:
     graph = load_node_link(path)
     budget = remat.resolve_budget(graph, share)
     result = solve(graph, budget, SolverOptions(problem="general", time_limit=10.0))
-    assert result.solve_seconds < 15.0
+    assert result.solve_seconds < 60.0  # a hang, not a speed target: limit 10 s
     if result.status in ("optimal", "feasible"):
         accepted(graph, result, budget)
     elif result.status == "infeasible":  # proved in 10 s here only by the footprint floor

@@ -154,9 +154,7 @@ def test_vgg16_at_90_and_80_percent_of_the_reference_peak() -> None:
     graph = load_node_link(VGG16)
     reference = remat.reference(graph)
     budget = remat.resolve_budget(graph, 0.9)
-    started = time.perf_counter()
     result = milp.solve(graph, budget, GENERAL)
-    assert time.perf_counter() - started < 25
     assert result.status in ("optimal", "feasible")
     assert simulate(graph, result.schedule, budget=budget).peak <= budget
     assert reference.duration <= result.objective < 1.05 * reference.duration
@@ -184,15 +182,20 @@ def test_views_are_refused_by_name() -> None:
         milp.solve(Graph(nodes=nodes), 100, GENERAL)
 
 
-def test_graphs_beyond_the_size_cap_are_refused_before_building() -> None:
+def test_graphs_beyond_the_size_cap_are_refused_before_building(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     nodes = tuple(
         Node(v, f"n{v}", "op", (v - 1,) if v else (), bytes=1, time=1.0)
         for v in range(milp_model.MAX_STAGES + 1)
     )
-    started = time.perf_counter()
+    monkeypatch.setattr(milp, "build", _must_not_build)
     with pytest.raises(MemplanError, match=str(milp_model.MAX_STAGES)):
         milp.solve(Graph(nodes=nodes), 10, GENERAL)
-    assert time.perf_counter() - started < 1
+
+
+def _must_not_build(*_: object) -> None:
+    raise AssertionError("the model was built for a graph beyond the cap")
 
 
 def test_a_short_time_limit_returns_instead_of_hanging() -> None:
@@ -201,7 +204,7 @@ def test_a_short_time_limit_returns_instead_of_hanging() -> None:
     budget = remat.reference(graph).peak * 3 // 4
     started = time.perf_counter()
     result = milp.solve(graph, budget, SolverOptions(problem="general", time_limit=0.5))
-    assert time.perf_counter() - started < 5
+    assert time.perf_counter() - started < 30  # a hang, not a speed target: limit 0.5 s
     assert result.status in ("timeout", "feasible")
     if result.schedule is not None:
         assert simulate(graph, result.schedule).peak <= budget
