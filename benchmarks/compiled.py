@@ -280,8 +280,8 @@ def _with_plans(run: CompiledRun, plans: list[Plan]) -> CompiledRun:
     return dataclasses.replace(
         run,
         budget=max(p.budget for p in plans),
-        predicted_peak=sum(p.predicted_peak for p in plans),
-        graph_peaks=[p.predicted_peak for p in plans],
+        predicted_peak=sum(p.peak for p in plans),
+        graph_peaks=[p.peak for p in plans],
         decisions=decisions,
         notes=[p.note for p in plans if p.note],
     )
@@ -417,9 +417,11 @@ def section_text(saved: dict[str, Any]) -> str:
         "point adds the probe that finds its budget), with inductor's and memplan's "
         "on-disk caches as earlier runs left them. Predicted peak: memplan's plans' "
         "predictions summed over the graphs it compiled (the graphs column: one per graph "
-        "break or recompile; with one, that graph's prediction); under inductor, whose "
-        "fusion and buffer reuse memplan does not model, it is an estimate, and the "
-        "prediction error column is the allocator's peak against it. Gradients: the "
+        "break or recompile; with one, that graph's prediction), each the peak of the "
+        "graphs as inductor compiled them (`Plan.compiled_peak`: the simulator's, corrected "
+        "by the compiled graphs' measured difference from the unfused ones, "
+        "`memplan/planner/compiled_peak.py`); the prediction error column is the "
+        "allocator's peak of the training step against it. Gradients: the "
         "largest absolute difference from eager's.",
         "",
         f"Targets: (a) memplan dominates every torch.compile point: some memplan run peaks "

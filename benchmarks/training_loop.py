@@ -267,7 +267,7 @@ def run_loops(preset: str, steps: int, share: float, progress: Progress) -> dict
         found = train(base, compile_, plans, shapes, vocab, advance)
         runs[name] = {"steps": [asdict(s) for s in found], "totals": totals(found, budget)}
     runs[MEMPLAN]["plans"] = [
-        {"budget": p.budget, "predicted_peak": p.predicted_peak, "status": p.status, "note": p.note}
+        {"budget": p.budget, "predicted_peak": p.peak, "status": p.status, "note": p.note}
         for p in backend.plans
     ]
     return {

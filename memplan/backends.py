@@ -14,6 +14,11 @@ A graph Dynamo traced with dynamic shapes is planned at its traced sizes and run
 (planner/shapes.py). A call at sizes where that plan's prediction exceeds the budget is
 planned again for those sizes (`ShapeDispatch`), up to MAX_SHAPE_PLANS per graph.
 
+Under Inductor, a plan's peak is checked as Inductor compiled it (planner/compiled_peak.py):
+where Inductor's kernels hold more than the planned graphs, the graph is planned again at a
+budget lowered by the excess, and where fusion leaves room, at one raised by it (up to
+INDUCTOR_ROUNDS times); `Plan.compiled_peak` is the prediction of what runs.
+
 Plans are kept on disk by the graph's structure (planner/plan_cache.py): compiling the
 same model with the same budget again, in this process or the next, applies the plan
 made before without solving or profiling.
@@ -21,16 +26,19 @@ made before without solving or profiling.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch._functorch.config as functorch_config
 from torch._dynamo.backends.common import aot_autograd
 
 from memplan.budget import Budget
 from memplan.errors import MemplanError, MemplanWarning
 from memplan.planner.capture import boxed_runner
+from memplan.planner.compiled_peak import CompiledGraphs, compiled_peak
 from memplan.planner.options import PlanOptions
 from memplan.planner.plan import Partitioner, Resident
 from memplan.planner.plan_file import Plan
@@ -47,6 +55,12 @@ INNER_COMPILERS = ("inductor", "eager")
 # Per graph of dynamic shapes: how many sizes may get plans of their own. Each costs a
 # trace, a profile and a compile; past the bound, calls run the plan made at the hints.
 MAX_SHAPE_PLANS = 8
+# Per graph: how many times it may be planned again, at a budget moved by what Inductor's
+# compiled graphs peaked above (or below) the budget.
+INDUCTOR_ROUNDS = 3
+# Inductor's fusion can leave a plan well under its budget: where the room left is over
+# this share of the budget, the graph is planned again at a budget raised by it.
+COMPILED_SLACK = 0.05
 
 
 def _inductor_decompositions() -> dict[Any, Callable[..., Any]]:
@@ -93,6 +107,7 @@ class MemplanBackend:
         # last use, as the API path does, so saved activations die where the plan frees them.
         settings = {**INDUCTOR_CONFIG, **(inductor_config or {})}
         self.inner = boxed_runner if inner == "eager" else _inductor(settings)
+        self.checks_compiled = inner == "inductor"
         # Inductor lowers only graphs decomposed by its own table (as torch.compile's
         # default backend traces them): planned on the decomposed graph, the plan is of
         # the ops inductor is given.
@@ -156,15 +171,127 @@ class MemplanBackend:
     def compile(
         self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], partitioner: Partitioner
     ) -> Callable[..., Any]:
-        """AOTAutograd on `gm` with `partitioner` planning it; its plans join `plans`."""
-        compiled = aot_autograd(
-            fw_compiler=self.inner,
-            bw_compiler=self.inner,
-            partition_fn=partitioner,
-            decompositions=self.decompositions,
-        )(gm, example_inputs)
-        self.plans.extend(partitioner.plans)
+        """AOTAutograd on `gm` with `partitioner` planning it; its plans join `plans`.
+
+        Under Inductor, the plan's peak as compiled is measured against its unfused
+        graphs (Plan.compiled_peak); where it exceeds the budget, or leaves much of it
+        unused, the graph is planned and compiled again at a budget moved by the
+        difference (_next_aim), and the round fastest within the budget (else the least
+        over it) is kept."""
+        first = len(partitioner.plans)
+        compiled, graphs = self._aot(gm, example_inputs, partitioner)
+        if not self.checks_compiled or len(partitioner.plans) == first:
+            self.plans.extend(partitioner.plans[first:])
+            return compiled
+        rounds = [self._checked(partitioner, first, compiled, graphs)]
+        target = rounds[0][1].budget  # the graph's budget as first planned
+        options, budget = partitioner.options, partitioner.budget
+        try:
+            # Later rounds aim off the budget: best effort, their warnings not the user's.
+            partitioner.options = dataclasses.replace(options, best_effort=True)
+            tried = {rounds[0][1].budget}
+            while len(rounds) <= INDUCTOR_ROUNDS:
+                aim = _next_aim(rounds[-1][1], target)
+                if aim is None or aim in tried:
+                    break
+                tried.add(aim)
+                partitioner.budget = Budget(bytes=aim + partitioner.resident.held)
+                start = len(partitioner.plans)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", MemplanWarning)
+                    compiled, graphs = self._aot(gm, example_inputs, partitioner)
+                rounds.append(self._checked(partitioner, start, compiled, graphs))
+        finally:
+            partitioner.options, partitioner.budget = options, budget
+        index = _kept_round([plan for _, plan in rounds], target)
+        compiled, plan = rounds[index]
+        if plan.peak > target and rounds[0][1].status != "best-effort":
+            warnings.warn(
+                f"{plan.name}: as Inductor compiled it, the graph peaks at "
+                f"{format_bytes(plan.peak)}, above its budget of {format_bytes(target)} "
+                f"after {len(rounds)} plans",
+                MemplanWarning,
+                stacklevel=3,
+            )
+        # The kept round's plan, held to the budget asked, is the graph's only plan.
+        asked = rounds[0][1]
+        kept = dataclasses.replace(
+            plan,
+            budget=target,
+            requested_budget=asked.requested_budget,
+            requested_as=asked.requested_as,
+            note=plan.note if index == 0 else _replanned_note(plan, target),
+            # Each round's aim and its peak as compiled, for reports and benchmarks.
+            options={
+                **plan.options,
+                "compiled_rounds": [[p.requested_budget, p.peak] for _, p in rounds],
+            },
+        )
+        partitioner.keep_only(first, index, kept)
+        self.plans.append(kept)
         return compiled
+
+    def _aot(
+        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], partitioner: Partitioner
+    ) -> tuple[Callable[..., Any], CompiledGraphs | None]:
+        """One AOTAutograd compile; under Inductor, the graphs it compiled, the backward
+        lowered at once (not at the first backward) so that it can be checked."""
+        inner = CompiledGraphs(self.inner) if self.checks_compiled else self.inner
+        with functorch_config.patch(force_non_lazy_backward_lowering=self.checks_compiled):
+            compiled = aot_autograd(
+                fw_compiler=inner,
+                bw_compiler=inner,
+                partition_fn=partitioner,
+                decompositions=self.decompositions,
+            )(gm, example_inputs)
+        return compiled, inner if isinstance(inner, CompiledGraphs) else None
+
+    @staticmethod
+    def _checked(
+        partitioner: Partitioner,
+        index: int,
+        compiled: Callable[..., Any],
+        graphs: CompiledGraphs | None,
+    ) -> tuple[Callable[..., Any], Plan]:
+        """The round's compiled step and its plan with the peak of what Inductor runs."""
+        plan = partitioner.plans[-1]
+        assert graphs is not None and len(partitioner.plans) == index + 1
+        device = partitioner.lowered[-1].device
+        peak = compiled_peak(plan, graphs.graphs, device)
+        if plan.status == "best-effort":
+            # At the least, the least is what Inductor runs.
+            plan = dataclasses.replace(plan, budget=max(plan.budget, peak))
+        return compiled, dataclasses.replace(plan, compiled_peak=peak)
+
+
+def _replanned_note(plan: Plan, target: int) -> str:
+    """What a plan made at a lowered budget says of itself."""
+    said = f"{plan.note}; " if plan.note else ""
+    return (
+        f"{said}planned at {format_bytes(plan.requested_budget)} so that the graphs as "
+        f"Inductor compiled them peak within {format_bytes(target)}"
+    )
+
+
+def _next_aim(plan: Plan, target: int) -> int | None:
+    """The budget to plan a graph at next, given a plan and its peak as Inductor compiled
+    it: lower by what it peaked above `target`, or higher by the room its fusion left
+    (less recomputation, a faster step) where that is over COMPILED_SLACK of the target;
+    None where the plan is as good as planning again can make it."""
+    room = target - plan.peak
+    if plan.status == "best-effort" or 0 <= room <= COMPILED_SLACK * target:
+        return None
+    if room > 0 and all(d == "keep" for d in plan.decisions.values()):
+        return None  # nothing to give back
+    return max(1, plan.budget + room)
+
+
+def _kept_round(plans: Sequence[Plan], target: int) -> int:
+    """Which round to keep: the fastest predicted within `target`, else the least peak."""
+    within = [i for i, p in enumerate(plans) if p.peak <= target]
+    if within:
+        return min(within, key=lambda i: plans[i].predicted_time)
+    return min(range(len(plans)), key=lambda i: plans[i].peak)
 
 
 class ShapeDispatch:

@@ -30,13 +30,18 @@ def max_grad_errors(model: torch.nn.Module, expected: dict[str, torch.Tensor]) -
 
 
 def inductor_errors(example: Example, expected: dict[str, torch.Tensor]) -> list[float]:
-    """Plain torch.compile's distance from eager's gradients: inductor's own tolerance.
-    Its fused kernels reduce in another order than eager's (BatchNorm's gradients differ
-    most), and a plan changes what is fused; memplan may be off by twice as much, or 1e-6."""
-    torch._dynamo.reset()
-    plain = copy.deepcopy(example.model)
-    train_step(torch.compile(plain), example.inputs)()
-    return [max(2 * e, 1e-6) for e in max_grad_errors(plain, expected)]
+    """Inductor's own tolerance: per parameter, twice the larger distance from eager's
+    gradients of plain torch.compile and of memplan's backend keeping everything (or
+    1e-6). Fused kernels reduce in another order than eager's (BatchNorm's gradients
+    differ most), and memplan hands Inductor the step decomposed by Inductor's own table
+    before it is planned: what a plan recomputes or offloads must add nothing to that."""
+    distances = []
+    for backend in ("inductor", memplan.backend(budget="100%", progress=False)):
+        torch._dynamo.reset()
+        model = copy.deepcopy(example.model)
+        train_step(torch.compile(model, backend=backend), example.inputs)()
+        distances.append(max_grad_errors(model, expected))
+    return [max(2 * a, 2 * b, 1e-6) for a, b in zip(*distances, strict=True)]
 
 
 class Transfer(torch.nn.Module):
@@ -77,26 +82,12 @@ def test_inductor_runs_an_offload_plan() -> None:
     assert all(e <= t for e, t in zip(errors, tolerance, strict=True)), (errors, tolerance)
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "mlp",
-        "gpt2",
-        pytest.param(
-            "resnet",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="under inductor ResNet's step peaks about 10% above the prediction "
-                "at 70% (9.23 MiB against 8.42 MiB predicted, budget 8.83 MiB): inductor's "
-                "kernels for BatchNorm and convolutions hold memory the plan's graph does not",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("name", ["mlp", "gpt2", "resnet"])
 def test_inductor_trains_like_eager_within_the_budget(name: str) -> None:
     """Inductor (the default) compiles the planned graphs, recomputation included, at 70%
     and at the least: gradients to inductor's own tolerance, and the allocator's peak of
-    the compiled step within the budget."""
+    the compiled step within the budget and within 5% of the prediction of what Inductor
+    runs (ResNet's kernels hold more than its planned graphs: it is planned again lower)."""
     example = example_of(name)
     expected = eager_grads(example)
     tolerance = inductor_errors(example, expected)
@@ -113,8 +104,10 @@ def test_inductor_trains_like_eager_within_the_budget(name: str) -> None:
         errors = max_grad_errors(model, expected)
         assert all(e <= t for e, t in zip(errors, tolerance, strict=True)), (errors, tolerance)
         measured = steady_step_peak(compiled, model, example.inputs)
-        assert plan.predicted_peak <= plan.budget
-        assert measured <= plan.budget, (budget, measured, plan.budget, plan.predicted_peak)
+        # The prediction of what Inductor runs, read by the allocator.
+        assert plan.compiled_peak and plan.peak <= plan.budget
+        assert measured <= plan.budget, (budget, measured, plan.budget, plan.peak)
+        assert abs(measured / plan.peak - 1) <= 0.05, (budget, measured, plan.peak)
 
 
 def _gpt2() -> Example:

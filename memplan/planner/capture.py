@@ -56,6 +56,14 @@ def _exported(
         yield joint
 
 
+def module_copy(gm: fx.GraphModule) -> fx.GraphModule:
+    """A graph module with a graph of its own (the nodes' meta shared, not copied)."""
+    graph = fx.Graph()
+    copied, output = graph.graph_copy(gm.graph, {}, return_output_node=True)  # type: ignore[misc]
+    graph.output(copied).meta = dict(output.meta)
+    return fx.GraphModule(gm, graph)
+
+
 def boxed_runner(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[[list[Any]], Any]:
     """Run `gm` as Python code in AOTAutograd's boxed calling convention.
 

@@ -19,6 +19,7 @@ from memplan.errors import InfeasibleBudget, MemplanWarning, PlanFileError
 from memplan.graph import Decision, Graph, Schedule, SolveResult
 from memplan.passes.contiguous import contiguous_convolution_inputs
 from memplan.passes.rewrite import Lowered, rewrite
+from memplan.planner.capture import module_copy
 from memplan.planner.fragmentation import MOVES, ArenaFit, fit_arena
 from memplan.planner.layout import (
     ALLOCATOR_ALIGNMENT,
@@ -281,7 +282,7 @@ class Partitioner:
         copies = self.options.convolution_copies
         variants = {} if copies == "graph" else {KERNEL_COPIES: joint}
         if copies != "kernel":
-            copied = _copy_of(joint)
+            copied = module_copy(joint)
             if contiguous_convolution_inputs(copied):
                 variants[GRAPH_COPIES] = copied
         variants = variants or {KERNEL_COPIES: joint}  # "graph", but nothing to copy
@@ -337,13 +338,23 @@ class Partitioner:
         self.schedules.append(schedule)
         return forward, backward
 
+    def keep_only(self, first: int, chosen: int, plan: Plan) -> None:
+        """Of the plans made from index `first` on (rounds of planning one graph again),
+        keep only round `chosen`'s, its Plan replaced by `plan`."""
+        for made in (self.plans, self.lowered, self.schedules):
+            kept = made[first + chosen]
+            del made[first:]
+            made.append(kept)  # type: ignore[arg-type]
+        self.plans[first] = plan
+
     def peaks_at(self, sizes: ShapeSignature) -> list[tuple[int, int]]:
         """Per plan made: (predicted peak, unplanned peak) at other sizes of a graph of
         dynamic shapes, the schedule kept. Bytes are evaluated at `sizes`; times and
         transients are the profile's at the hints, a transient scaled with its node's
-        bytes."""
+        bytes. A plan Inductor compiled keeps its measured difference from the unfused
+        graphs (Plan.compiled_peak) in proportion to the peak."""
         peaks = []
-        for lowered, schedule in zip(self.lowered, self.schedules, strict=True):
+        for plan, lowered, schedule in zip(self.plans, self.lowered, self.schedules, strict=True):
             traced = lowered.graph
             # Offload threshold 0: a schedule's offloads stay legal at smaller sizes.
             resized = lower(
@@ -358,6 +369,7 @@ class Partitioner:
             reference = get_solver("keep_all")(graph, None, options)
             assert reference.schedule is not None
             planned = simulate(graph, schedule, bandwidth=options.bandwidth).peak
+            planned = planned * plan.peak // max(1, plan.predicted_peak)
             peaks.append((planned, simulate(graph, reference.schedule).peak))
         return peaks
 
@@ -398,14 +410,6 @@ class Partitioner:
         if key and reuse is None:
             store_plan(key, plan)
         return lowered, plan, schedule
-
-
-def _copy_of(joint: fx.GraphModule) -> fx.GraphModule:
-    """A joint graph module with a graph of its own (the nodes' meta shared, not copied)."""
-    graph = fx.Graph()
-    copied, output = graph.graph_copy(joint.graph, {}, return_output_node=True)  # type: ignore[misc]
-    graph.output(copied).meta = dict(output.meta)
-    return fx.GraphModule(joint, graph)
 
 
 def _faster(

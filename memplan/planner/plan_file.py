@@ -68,11 +68,20 @@ class Plan:
     unplanned_held: int = 0
     resident: int = 0
     unplanned_step_peak: int = 0
+    # Graphs compiled by Inductor: the predicted peak of what Inductor runs, the simulated
+    # peak corrected by its kernels' measured difference (planner/compiled_peak.py); 0
+    # where memplan runs the planned graphs itself.
+    compiled_peak: int = 0
+
+    @property
+    def peak(self) -> int:
+        """The predicted peak of the graph as it runs: Inductor's where it compiled it."""
+        return self.compiled_peak or self.predicted_peak
 
     @property
     def step_peak(self) -> int:
         """The step's predicted peak while this graph runs: its own and what is resident."""
-        return self.predicted_peak + self.resident
+        return self.peak + self.resident
 
     @property
     def asked(self) -> int:
@@ -205,4 +214,5 @@ _PLAN_FIELDS: dict[str, checks.Check] = {
     "unplanned_held": checks.count,
     "resident": checks.count,
     "unplanned_step_peak": checks.count,
+    "compiled_peak": checks.count,
 }

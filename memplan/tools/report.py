@@ -44,6 +44,8 @@ def summary_table(plan: Plan) -> Table:
     table.add_row(
         "predicted peak", f"{format_bytes(plan.predicted_peak)} ({share:.1%} of unplanned)"
     )
+    if plan.compiled_peak:
+        table.add_row("as Inductor compiled it", format_bytes(plan.compiled_peak))
     if plan.arena > 0:  # plan files written before layouts have no arena
         over = ", [red]above the budget[/]" if plan.arena > plan.budget else ""
         status = f", {escape(plan.layout_status)}" if plan.layout_status else ""

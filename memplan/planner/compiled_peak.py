@@ -1,0 +1,172 @@
+"""The peak of a plan as Inductor compiled it.
+
+The simulator predicts the planned forward and backward graphs as memplan runs them
+unfused: every value of the graph is a storage, freed after its last use. Inductor runs
+other code: it fuses pointwise chains, so their intermediates never exist; it writes
+results into dead inputs' buffers; and around its fallback kernels (convolutions'
+backwards, say) it keeps buffers alive for kernels fused after them. Measured by the
+allocator, Inductor's step can peak below the prediction or above it (see
+docs/results.md, "The prediction under Inductor").
+
+The difference is measured, not modeled. `CompiledGraphs` is the inner compiler of
+memplan's backend: for every planned graph it compiles with Inductor, it keeps the
+unfused twin memplan would run and the graph's example inputs. `compiled_peak` runs each
+compiled graph and its twin once on the same random inputs of the traced sizes, reads both
+peaks from the allocator (measure.py), and adds the difference, forward and backward
+apart, to the simulator's peak of that phase. The simulator predicts the unfused graphs'
+peaks exactly (the e2e tests check it against the allocator), so the sum is the peak of
+what Inductor runs. The backend plans again at a lower budget where that exceeds the
+budget (backends.py).
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from memplan.planner.allocator import recording
+from memplan.planner.capture import boxed_runner, module_copy
+from memplan.planner.plan_file import Plan
+from memplan.planner.shapes import hint
+
+# Names AOTAutograd gives the step's own inputs (parameters, buffers, user inputs): the
+# caller holds them through the step, so a graph's run must not free them either.
+RESIDENT_PREFIX = "primals"
+
+Runner = Callable[[list[Any]], Any]
+
+
+@dataclass
+class CompiledGraph:
+    """One graph Inductor compiled: its runner, the unfused twin, and how to call both."""
+
+    compiled: Runner
+    unfused: Runner
+    example_inputs: list[Any]
+    inputs: list[str]  # placeholder names
+    outputs: list[str | None]  # per output, the name of the value it returns
+
+
+@dataclass
+class CompiledGraphs:
+    """An inner compiler (`compile(gm, example_inputs)`) that records what it compiled,
+    in order: a planned step's forward, then its backward."""
+
+    compile: Callable[[fx.GraphModule, Sequence[Any]], Runner]
+    graphs: list[CompiledGraph] = field(default_factory=list)
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Runner:
+        inputs = [n.name for n in gm.graph.find_nodes(op="placeholder")]
+        (output,) = gm.graph.find_nodes(op="output")
+        returned = pytree.tree_leaves(output.args[0])
+        outputs = [v.name if isinstance(v, fx.Node) else None for v in returned]
+        # The twin first: Inductor's passes may change `gm` in place.
+        unfused = boxed_runner(module_copy(gm), example_inputs)
+        compiled = self.compile(gm, example_inputs)
+        self.graphs.append(CompiledGraph(compiled, unfused, list(example_inputs), inputs, outputs))
+        return compiled
+
+
+def compiled_peak(plan: Plan, graphs: Sequence[CompiledGraph], device: torch.device) -> int:
+    """The plan's peak as Inductor runs `graphs` (its forward, then its backward): each
+    phase's simulated peak plus what the compiled graph holds beyond its unfused twin.
+    The forward runs on random inputs of its traced sizes; the backward on what the
+    forward returned (a saved index is one the forward made, valid for its kernels) and
+    random gradients of the outputs."""
+    split = plan.backward_start
+    forward, *rest = graphs
+    torch.manual_seed(0)
+    made = [_materialize(x) for x in forward.example_inputs]
+    peaks = []
+    if split:
+        returned, extra = _excess(forward, made, device)
+        peaks.append(max(plan.timeline[:split]) + extra)
+        if rest and split < len(plan.timeline):
+            (backward,) = rest
+            by_name = dict(zip(forward.outputs, returned, strict=True))
+            by_name.update(zip(forward.inputs, made, strict=True))
+            made = [
+                by_name[name] if name in by_name else _materialize(example)
+                for name, example in zip(backward.inputs, backward.example_inputs, strict=True)
+            ]
+            peaks.append(max(plan.timeline[split:]) + _excess(backward, made, device)[1])
+    return max(peaks, default=plan.predicted_peak)
+
+
+def _excess(graph: CompiledGraph, inputs: list[Any], device: torch.device) -> tuple[Any, int]:
+    """Bytes the compiled graph's run peaks above its unfused twin's, each run once on
+    copies of `inputs` (negative where fusion saves more than the kernels hold); and what
+    the unfused run returned."""
+    returned, unfused = _peak_of(graph.unfused, graph, inputs, device)
+    _, compiled = _peak_of(graph.compiled, graph, inputs, device)
+    return returned, compiled - unfused
+
+
+def _peak_of(
+    run: Runner, graph: CompiledGraph, inputs: list[Any], device: torch.device
+) -> tuple[Any, int]:
+    """What one boxed call returns, and the allocator's peak over the call with copies of
+    its inputs made inside what is measured: an input the step keeps (RESIDENT_PREFIX) is
+    held through it, the others are freed as the graph consumes them, as in the step."""
+    resident = [name.startswith(RESIDENT_PREFIX) for name in graph.inputs]
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        start = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        returned, held = _call(run, inputs, resident)
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - start
+    else:
+        with recording(device) as recorded:
+            returned, held = _call(run, inputs, resident)
+        peak = recorded.peak_above_start()
+    del held
+    return returned, peak
+
+
+def _call(run: Runner, inputs: list[Any], resident: list[bool]) -> tuple[Any, list[Any]]:
+    """Call `run` on fresh copies of `inputs` (a compiled graph may write into an input
+    it was handed to keep); returns its outputs and the resident copies."""
+    copies = _copies(inputs)
+    held = [x for x, kept in zip(copies, resident, strict=True) if kept]
+    return run(copies), held
+
+
+def _copies(values: list[Any]) -> list[Any]:
+    """Copies of `values` that keep their sizes, strides and aliasing: each storage copied
+    once, a view a view of its base's copy (a saved view keeps its base alive)."""
+    storages: dict[int, torch.UntypedStorage] = {}
+    copies = []
+    for x in values:
+        if not isinstance(x, torch.Tensor):
+            copies.append(x)
+            continue
+        storage = x.untyped_storage()
+        key = storage.data_ptr()
+        if key not in storages:
+            storages[key] = storage.clone()
+        copy = torch.empty(0, dtype=x.dtype, device=x.device)
+        copies.append(copy.set_(storages[key], x.storage_offset(), x.size(), x.stride()))
+    return copies
+
+
+def _materialize(value: Any) -> Any:
+    """A real value for an example input: a tensor of its traced sizes and strides on its
+    device (random floats, zero integers), the hint of a symbolic size."""
+    if isinstance(value, torch.Tensor):
+        sizes = [hint(s) for s in value.shape]
+        strides = [hint(s) for s in value.stride()]
+        real = torch.empty_strided(sizes, strides, dtype=value.dtype, device=value.device)
+        if real.is_floating_point() or real.is_complex():
+            return real.normal_()
+        return real.zero_()
+    if isinstance(value, torch.SymInt):
+        return hint(value)
+    return value
