@@ -79,9 +79,15 @@ def compiled_peak(plan: Plan, graphs: Sequence[CompiledGraph], device: torch.dev
     The forward runs on random inputs of its traced sizes; the backward on what the
     forward returned (a saved index is one the forward made, valid for its kernels) and
     random gradients of the outputs."""
+    # The runs draw random numbers: the user's generator is left as it was.
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(0)
+        return _compiled_peak(plan, graphs, device)
+
+
+def _compiled_peak(plan: Plan, graphs: Sequence[CompiledGraph], device: torch.device) -> int:
     split = plan.backward_start
     forward, *rest = graphs
-    torch.manual_seed(0)
     made = [_materialize(x) for x in forward.example_inputs]
     peaks = []
     if split:
