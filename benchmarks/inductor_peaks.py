@@ -142,11 +142,14 @@ def main() -> None:
     args = parser.parse_args()
     cases = [(m, b, False) for m in args.models for b in BUDGETS]
     cases += [(m, b, True) for m in args.models if m in CONVOLUTIONAL for b in BUDGETS[1:2]]
-    rows = [measure(*case) for case in track(cases, description="inductor peaks")]
     where = machine()
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"inductor-peaks-{where['device']}.json"
-    out.write_text(json.dumps({"machine": where, "rows": [asdict(r) for r in rows]}, indent=1))
+    rows = []
+    for case in track(cases, description="inductor peaks"):
+        rows.append(measure(*case))
+        # After each run: a crash keeps the rows before it.
+        out.write_text(json.dumps({"machine": where, "rows": [asdict(r) for r in rows]}, indent=1))
     write_section(PAGE, markdown(rows, where), *MARKERS)
     Console().print(f"wrote {out} and {PAGE}")
 

@@ -36,7 +36,7 @@ import torch._functorch.config as functorch_config
 from torch._dynamo.backends.common import aot_autograd
 
 from memplan.budget import Budget
-from memplan.errors import MemplanError, MemplanWarning
+from memplan.errors import MemplanError, MemplanWarning, first_line
 from memplan.planner.capture import boxed_runner
 from memplan.planner.compiled_peak import CompiledGraphs, compiled_peak
 from memplan.planner.options import PlanOptions
@@ -257,7 +257,17 @@ class MemplanBackend:
         plan = partitioner.plans[-1]
         assert graphs is not None and len(partitioner.plans) == index + 1
         device = partitioner.lowered[-1].device
-        peak = compiled_peak(plan, graphs.graphs, device)
+        try:
+            peak = compiled_peak(plan, graphs.graphs, device)
+        except Exception as error:  # a check that fails must not fail the user's compile
+            warnings.warn(
+                f"{plan.name}: the graphs as Inductor compiled them could not be run to "
+                f"check their peak ({first_line(error)}); the prediction is the unfused "
+                "graphs'",
+                MemplanWarning,
+                stacklevel=4,
+            )
+            return compiled, plan
         if plan.status == "best-effort":
             # At the least, the least is what Inductor runs.
             plan = dataclasses.replace(plan, budget=max(plan.budget, peak))
@@ -279,7 +289,9 @@ def _next_aim(plan: Plan, target: int) -> int | None:
     (less recomputation, a faster step) where that is over COMPILED_SLACK of the target;
     None where the plan is as good as planning again can make it."""
     room = target - plan.peak
-    if plan.status == "best-effort" or 0 <= room <= COMPILED_SLACK * target:
+    if not plan.compiled_peak or plan.status == "best-effort":
+        return None
+    if 0 <= room <= COMPILED_SLACK * target:
         return None
     if room > 0 and all(d == "keep" for d in plan.decisions.values()):
         return None  # nothing to give back

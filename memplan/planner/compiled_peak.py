@@ -75,10 +75,10 @@ class CompiledGraphs:
 
 def compiled_peak(plan: Plan, graphs: Sequence[CompiledGraph], device: torch.device) -> int:
     """The plan's peak as Inductor runs `graphs` (its forward, then its backward): each
-    phase's simulated peak plus what the compiled graph holds beyond its unfused twin.
-    The forward runs on random inputs of its traced sizes; the backward on what the
-    forward returned (a saved index is one the forward made, valid for its kernels) and
-    random gradients of the outputs."""
+    phase's simulated peak plus what the compiled graph held above its unfused twin (or
+    less, negative). The forwards run on random inputs of their traced sizes; each
+    backward on what its forward returned (a saved index is one the forward made, valid
+    for its kernels) and the same random gradients of the outputs."""
     # The runs draw random numbers: the user's generator is left as it was.
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(0)
@@ -87,31 +87,44 @@ def compiled_peak(plan: Plan, graphs: Sequence[CompiledGraph], device: torch.dev
 
 def _compiled_peak(plan: Plan, graphs: Sequence[CompiledGraph], device: torch.device) -> int:
     split = plan.backward_start
+    if not split:
+        return plan.predicted_peak
     forward, *rest = graphs
     made = [_materialize(x) for x in forward.example_inputs]
-    peaks = []
-    if split:
-        returned, extra = _excess(forward, made, device)
-        peaks.append(max(plan.timeline[:split]) + extra)
-        if rest and split < len(plan.timeline):
-            (backward,) = rest
-            by_name = dict(zip(forward.outputs, returned, strict=True))
-            by_name.update(zip(forward.inputs, made, strict=True))
-            made = [
-                by_name[name] if name in by_name else _materialize(example)
-                for name, example in zip(backward.inputs, backward.example_inputs, strict=True)
-            ]
-            peaks.append(max(plan.timeline[split:]) + _excess(backward, made, device)[1])
-    return max(peaks, default=plan.predicted_peak)
+    # Each backward runs on what its own forward returned: Inductor's forward may return
+    # other strides than the unfused one (channels-last, say), as its backward expects.
+    unfused, unfused_peak = _peak_of(forward.unfused, forward, made, device)
+    compiled, compiled_peak = _peak_of(forward.compiled, forward, made, device)
+    peaks = [max(plan.timeline[:split]) + compiled_peak - unfused_peak]
+    if rest and split < len(plan.timeline):
+        (backward,) = rest
+        gradients = {
+            name: _materialize(example)
+            for name, example in zip(backward.inputs, backward.example_inputs, strict=True)
+            if name not in forward.outputs and name not in forward.inputs
+        }
+        unfused_peak = _peak_of(
+            backward.unfused, backward, _fed(backward, forward, made, unfused, gradients), device
+        )[1]
+        compiled_peak = _peak_of(
+            backward.compiled, backward, _fed(backward, forward, made, compiled, gradients), device
+        )[1]
+        peaks.append(max(plan.timeline[split:]) + compiled_peak - unfused_peak)
+    return max(peaks)
 
 
-def _excess(graph: CompiledGraph, inputs: list[Any], device: torch.device) -> tuple[Any, int]:
-    """Bytes the compiled graph's run peaks above its unfused twin's, each run once on
-    copies of `inputs` (negative where fusion saves more than the kernels hold); and what
-    the unfused run returned."""
-    returned, unfused = _peak_of(graph.unfused, graph, inputs, device)
-    _, compiled = _peak_of(graph.compiled, graph, inputs, device)
-    return returned, compiled - unfused
+def _fed(
+    backward: CompiledGraph,
+    forward: CompiledGraph,
+    inputs: list[Any],
+    returned: Sequence[Any],
+    gradients: dict[str, Any],
+) -> list[Any]:
+    """The backward's inputs: what the forward was given or returned, by name, and the
+    random gradients of its outputs."""
+    by_name = {**gradients, **dict(zip(forward.inputs, inputs, strict=True))}
+    by_name.update(zip(forward.outputs, returned, strict=True))
+    return [by_name[name] for name in backward.inputs]
 
 
 def _peak_of(
