@@ -293,9 +293,13 @@ def _next_aim(plan: Plan, target: int) -> int | None:
         return None
     if 0 <= room <= COMPILED_SLACK * target:
         return None
-    if room > 0 and all(d == "keep" for d in plan.decisions.values()):
-        return None  # nothing to give back
-    return max(1, plan.budget + room)
+    if room > 0:
+        if all(d == "keep" for d in plan.decisions.values()):
+            return None  # nothing to give back
+        return plan.budget + room
+    # Below the plan's own simulated peak, which can lie well under its budget: a budget
+    # lowered from above it could give the same plan again.
+    return max(1, min(plan.budget, plan.predicted_peak) + room)
 
 
 def _kept_round(plans: Sequence[Plan], target: int) -> int:

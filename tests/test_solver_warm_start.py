@@ -62,13 +62,14 @@ def started_model(graph: Graph, budget: int, options: SolverOptions):
 def test_milp_takes_the_directors_sequence_as_its_mip_start():
     """SegNet at 0.8 of its reference peak with paging allowed: without a start, HiGHS's
     incumbent after 20 s was 4.2x the reference duration. With the director's sequence as
-    its start, a 3 s solve is HiGHS's own answer (not the fallback) and no slower."""
+    its start, a 10 s solve is HiGHS's own answer (not the fallback) and no slower (3 s
+    sufficed on an idle machine, not on a loaded one)."""
     graph, budget = shared("checkmate_segnet_b32_416x608_train", 0.8)
-    start, _, _ = started_model(graph, budget, SolverOptions(problem="general", time_limit=3.0))
+    start, _, _ = started_model(graph, budget, SolverOptions(problem="general", time_limit=10.0))
 
     # The solver benchmark's link: every value moved once in the reference duration.
     bandwidth = sum(n.bytes for n in graph) / remat.reference(graph).duration
-    paging = SolverOptions(problem="general", time_limit=3.0, bandwidth=bandwidth)
+    paging = SolverOptions(problem="general", time_limit=10.0, bandwidth=bandwidth)
     result = milp.solve(graph, budget, paging)
     assert result.schedule is not None and FALLBACK not in result.message
     trace = simulate(graph, result.schedule, bandwidth=bandwidth)
