@@ -16,12 +16,11 @@ peaks from the allocator (measure.py), and adds the difference, forward and back
 apart, to the simulator's peak of that phase. The simulator predicts the unfused graphs'
 peaks exactly (the e2e tests check it against the allocator), so the sum is the peak of
 what Inductor runs. The backend plans again at a lower budget where that exceeds the
-budget (backends.py).
+budget, and at a higher one where fusion leaves room (backends.py).
 """
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,8 +29,8 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from memplan.planner.allocator import recording
 from memplan.planner.capture import boxed_runner, module_copy
+from memplan.planner.measure import measure_peak
 from memplan.planner.plan_file import Plan
 from memplan.planner.shapes import hint
 
@@ -93,9 +92,9 @@ def _compiled_peak(plan: Plan, graphs: Sequence[CompiledGraph], device: torch.de
     made = [_materialize(x) for x in forward.example_inputs]
     # Each backward runs on what its own forward returned: Inductor's forward may return
     # other strides than the unfused one (channels-last, say), as its backward expects.
-    unfused, unfused_peak = _peak_of(forward.unfused, forward, made, device)
-    compiled, compiled_peak = _peak_of(forward.compiled, forward, made, device)
-    peaks = [max(plan.timeline[:split]) + compiled_peak - unfused_peak]
+    unfused, unfused_bytes = _peak_of(forward.unfused, forward, made, device)
+    compiled, compiled_bytes = _peak_of(forward.compiled, forward, made, device)
+    peaks = [max(plan.timeline[:split]) + compiled_bytes - unfused_bytes]
     if rest and split < len(plan.timeline):
         (backward,) = rest
         gradients = {
@@ -103,13 +102,13 @@ def _compiled_peak(plan: Plan, graphs: Sequence[CompiledGraph], device: torch.de
             for name, example in zip(backward.inputs, backward.example_inputs, strict=True)
             if name not in forward.outputs and name not in forward.inputs
         }
-        unfused_peak = _peak_of(
+        unfused_bytes = _peak_of(
             backward.unfused, backward, _fed(backward, forward, made, unfused, gradients), device
         )[1]
-        compiled_peak = _peak_of(
+        compiled_bytes = _peak_of(
             backward.compiled, backward, _fed(backward, forward, made, compiled, gradients), device
         )[1]
-        peaks.append(max(plan.timeline[split:]) + compiled_peak - unfused_peak)
+        peaks.append(max(plan.timeline[split:]) + compiled_bytes - unfused_bytes)
     return max(peaks)
 
 
@@ -130,23 +129,18 @@ def _fed(
 def _peak_of(
     run: Runner, graph: CompiledGraph, inputs: list[Any], device: torch.device
 ) -> tuple[Any, int]:
-    """What one boxed call returns, and the allocator's peak over the call with copies of
-    its inputs made inside what is measured: an input the step keeps (RESIDENT_PREFIX) is
-    held through it, the others are freed as the graph consumes them, as in the step."""
+    """What one boxed call returns, and the allocator's peak over the call (measure.py,
+    nothing counted as resident) with copies of its inputs made inside what is measured:
+    an input the step keeps (RESIDENT_PREFIX) is held through it, the others are freed
+    as the graph consumes them, as in the step."""
     resident = [name.startswith(RESIDENT_PREFIX) for name in graph.inputs]
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        start = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        returned, held = _call(run, inputs, resident)
-        torch.cuda.synchronize(device)
-        peak = torch.cuda.max_memory_allocated(device) - start
-    else:
-        with recording(device) as recorded:
-            returned, held = _call(run, inputs, resident)
-        peak = recorded.peak_above_start()
-    del held
+    results: list[Any] = []
+
+    def call() -> None:
+        results.extend(_call(run, inputs, resident))
+
+    peak = measure_peak(call, resident=[], device=device).peak_bytes
+    returned, _held = results
     return returned, peak
 
 
