@@ -31,6 +31,7 @@ from memplan.planner.options import CONVOLUTION_COPIES, FRAGMENTATION, PlanOptio
 from memplan.planner.plan_file import Plan
 from memplan.planner.solve import provenance, solve_within_budget
 from memplan.schedule_file import solved_schedule
+from memplan.solvers.bounds import peak_lower_bound
 from memplan.tools import batch_search
 from memplan.tools.report import (
     decision_table,
@@ -339,7 +340,7 @@ def _write_all(outputs: list[tuple[Path, Callable[[Path], object]]], console: Co
     """Write every (path, writer) or none (files.write_together), then say what was written."""
     write_together(outputs)
     for path, _ in outputs:
-        console.print(f"wrote {path}")
+        console.print(f"wrote {path}", soft_wrap=True)  # a path is not wrapped
 
 
 def _solve(args: argparse.Namespace, console: Console) -> int:
@@ -353,6 +354,8 @@ def _solve(args: argparse.Namespace, console: Console) -> int:
     solved = solve_within_budget(graph, budget, args.solver, options)
     result = solved.result
     report = solved_schedule(graph, budget, result, bandwidth=args.bandwidth)
+    bound = peak_lower_bound(graph).bytes
+    report["peak_lower_bound"] = bound
     note = provenance(solved, args.solver, options)
     if note is not None:
         report["note"] = note  # the file says which schedule it holds, as the output does
@@ -368,9 +371,11 @@ def _solve(args: argparse.Namespace, console: Console) -> int:
         f"{format_bytes(report['peak'])} of budget {format_bytes(budget)}, {duration}, "
         f"solved in {result.solve_seconds:.2f} s"
     )
+    above = report["peak"] / bound - 1 if bound else 0.0
+    console.print(f"no schedule peaks below {format_bytes(bound)}: this one is {above:.1%} above")
     if note is not None:
         console.print(note)
-    console.print(f"wrote {args.output}")
+    console.print(f"wrote {args.output}", soft_wrap=True)
     return 0
 
 
@@ -405,7 +410,7 @@ def _maxbatch(args: argparse.Namespace, console: Console) -> int:
     if args.output is not None:
         found = {"model": args.model, "results": [r.to_json() for r in results]}
         write_json_atomically(args.output, found)
-        console.print(f"wrote {args.output}")
+        console.print(f"wrote {args.output}", soft_wrap=True)
     return 0
 
 
