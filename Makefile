@@ -26,6 +26,7 @@ lint: $(BIN)/memplan
 
 bench: $(BIN)/memplan
 	$(BIN)/python -m benchmarks.sweep
+	$(BIN)/python -m benchmarks.bounds
 	$(BIN)/python -m benchmarks.compiled
 	$(BIN)/python -m benchmarks.training_loop
 	$(BIN)/python -m benchmarks.inductor_peaks

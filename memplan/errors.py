@@ -16,19 +16,40 @@ class BudgetError(MemplanError, ValueError):
 
 class InfeasibleBudget(MemplanError):
     """No schedule found fits the budget; `smallest_feasible` is the least peak found
-    (`what` says which: the live "peak", or the "arena" of the plan's layout)."""
+    (`what` says which: the live "peak", or the "arena" of the plan's layout).
+    `lower_bound`, where known, is a peak no schedule can go below: above the budget, it
+    proves the budget infeasible; else the budget is only unmet by the solvers."""
 
     def __init__(
-        self, budget: int, smallest_feasible: int, solver: str, *, what: str = "peak"
+        self,
+        budget: int,
+        smallest_feasible: int,
+        solver: str,
+        *,
+        what: str = "peak",
+        lower_bound: int | None = None,
     ) -> None:
         self.budget = budget
         self.smallest_feasible = smallest_feasible
         self.solver = solver
         self.what = what
-        super().__init__(
+        self.lower_bound = lower_bound
+        message = (
             f"budget {format_bytes(budget)} ({budget} B) is below the smallest feasible {what} "
             f"{format_bytes(smallest_feasible)} ({smallest_feasible} B) found by {solver!r}"
         )
+        if lower_bound is not None:
+            bound = f"{format_bytes(lower_bound)} ({lower_bound} B)"
+            if self.proved:
+                message += f"; proved infeasible: no schedule peaks below {bound}"
+            else:
+                message += f"; no schedule found, not proved infeasible (lower bound {bound})"
+        super().__init__(message)
+
+    @property
+    def proved(self) -> bool:
+        """Whether the lower bound proves that no schedule meets the budget."""
+        return self.lower_bound is not None and self.lower_bound > self.budget
 
 
 class GraphError(MemplanError, ValueError):

@@ -20,6 +20,7 @@ from memplan.errors import InfeasibleBudget, MemplanError, MemplanWarning
 from memplan.graph import Graph, SolveResult
 from memplan.simulate import MemoryTrace, simulate
 from memplan.solvers import SolverOptions, get_solver
+from memplan.solvers.bounds import peak_lower_bound
 from memplan.solvers.warm_start import STARTING_SCHEDULE
 from memplan.units import format_bytes
 
@@ -111,7 +112,8 @@ def solve_within_budget(
         raise MemplanError(f"neither {solver} nor the {fallback.solver} found any schedule")
     peak = least.trace.peak
     if not best_effort:
-        raise InfeasibleBudget(budget, peak, least_by)
+        bound = peak_lower_bound(graph).bytes if options.problem == "general" else None
+        raise InfeasibleBudget(budget, peak, least_by, lower_bound=bound)
     note = (
         f"{graph.name}: budget {format_bytes(budget)} is infeasible; planned for "
         f"its smallest feasible peak {format_bytes(peak)} instead"
