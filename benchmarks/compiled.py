@@ -391,6 +391,15 @@ def plot(runs: list[CompiledRun], path: Path) -> None:
     plt.close(figure)
 
 
+def _dates(saved: dict[str, Any]) -> list[str]:
+    """A line naming the run of each model, where the models come from more than one."""
+    dates = {name: m.get("date", saved["machine"]["date"]) for name, m in saved["models"].items()}
+    if len(set(dates.values())) <= 1:
+        return []
+    taken = ", ".join(f"{name} {date}" for name, date in dates.items())
+    return [f"The models were measured in different runs, of the code of that day: {taken}.", ""]
+
+
 def section_text(saved: dict[str, Any]) -> str:
     """The docs section (without its markers) from the saved JSON."""
     where = saved["machine"]
@@ -402,6 +411,7 @@ def section_text(saved: dict[str, Any]) -> str:
         f"{where['torch']}); the raw figures are in "
         f"`benchmarks/results/compiled-{where['device']}.json`.",
         "",
+        *_dates(saved),
         "The path users take: `torch.compile(model)` (inductor) at each "
         '`torch._functorch.config.activation_memory_budget` ("pytorch 0.8"), against '
         "`torch.compile(model, backend=memplan.backend(budget=..., "
@@ -569,6 +579,7 @@ def main(argv: list[str] | None = None) -> None:
 
             runs = bench_model(name, args.sizes, args, advance)
             saved["models"][name] = {
+                "date": where["date"],
                 "sizes": sizes_of(name, args.sizes),
                 "runs": [asdict(r) for r in runs],
             }
@@ -598,7 +609,12 @@ def _earlier(path: Path, args: argparse.Namespace, where: dict[str, Any]) -> dic
         return fresh
     saved = json.loads(path.read_text())
     same = all(saved.get(k) == fresh[k] for k in ("sizes", "solver", "repeats"))
-    return {**fresh, "models": saved["models"]} if same else fresh
+    if not same:
+        return fresh
+    # A model kept from an earlier run keeps that run's date: the page says which is which.
+    earlier = saved["machine"]["date"]
+    models = {name: {"date": earlier, **model} for name, model in saved["models"].items()}
+    return {**fresh, "models": models}
 
 
 if __name__ == "__main__":
