@@ -16,35 +16,31 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.pages import write_section
+from benchmarks.solvers import DOCS, GRAPHS, RESULTS, SHARES
 from memplan import remat
 from memplan.files import write_json_atomically
 from memplan.node_link import load_node_link
 from memplan.solvers.bounds import peak_lower_bound
 
-ROOT = Path(__file__).resolve().parents[1]
-GRAPHS = ROOT / "benchmarks" / "graphs"
-RESULTS = ROOT / "benchmarks" / "results"
 SOLVED = RESULTS / "solvers.json"
-PAGE = ROOT / "docs" / "solvers.md"
-SHARES = ("0.9", "0.8", "0.7")
+PAGE = DOCS / "solvers.md"
 MARKERS = ("<!-- bounds: written by benchmarks/bounds.py -->", "<!-- bounds end -->")
 
 
-def least_found(share: str, graph: str) -> int | None:
-    """The least peak any solver's schedule had on `graph` at `share` in solvers.json."""
+def least_peaks() -> dict[tuple[str, str], int]:
+    """Per (graph file, share), the least peak of any solver's schedule in solvers.json."""
     if not SOLVED.exists():
-        return None
-    peaks = [
-        row["peak"]
-        for row in json.loads(SOLVED.read_text())["rows"]
-        if row["file"] == graph and row["share"] == share and row["peak"] is not None
-    ]
-    return min(peaks, default=None)
+        return {}
+    least: dict[tuple[str, str], int] = {}
+    for row in json.loads(SOLVED.read_text())["rows"]:
+        if row["peak"] is not None:
+            key = (row["file"], row["share"])
+            least[key] = min(row["peak"], least.get(key, row["peak"]))
+    return least
 
 
-def bound_row(path: Path) -> dict[str, Any]:
+def bound_row(path: Path, found: dict[tuple[str, str], int]) -> dict[str, Any]:
     graph = load_node_link(path)
-    reference = remat.reference(graph).peak
     started = time.perf_counter()
     bound = peak_lower_bound(graph)
     seconds = time.perf_counter() - started
@@ -53,15 +49,15 @@ def bound_row(path: Path) -> dict[str, Any]:
         budget = remat.resolve_budget(graph, share)
         shares[share] = {
             "budget": budget,
-            "proved_infeasible": bound.bytes > budget,
-            "least_found": least_found(share, path.stem),
+            "proved_infeasible": bound > budget,
+            "least_found": found.get((path.stem, share)),
         }
     return {
         "graph": path.stem,
         "nodes": len(graph),
-        "reference_peak": reference,
-        "node_bound": peak_lower_bound(graph, depth=0).bytes,
-        "bound": bound.bytes,
+        "reference_peak": remat.reference(graph).peak,
+        "node_bound": peak_lower_bound(graph, depth=0),
+        "bound": bound,
         "seconds": seconds,
         "shares": shares,
     }
@@ -98,7 +94,8 @@ def section(results: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    rows = [bound_row(path) for path in sorted(GRAPHS.glob("*.json"))]
+    found = least_peaks()
+    rows = [bound_row(path, found) for path in sorted(GRAPHS.glob("*.json"))]
     machine = {"cpu": platform.machine(), "date": time.strftime("%Y-%m-%d")}
     results = {"machine": machine, "rows": rows}
     write_json_atomically(RESULTS / "bounds.json", results)

@@ -354,7 +354,7 @@ def _solve(args: argparse.Namespace, console: Console) -> int:
     solved = solve_within_budget(graph, budget, args.solver, options)
     result = solved.result
     report = solved_schedule(graph, budget, result, bandwidth=args.bandwidth)
-    bound = peak_lower_bound(graph).bytes
+    bound = peak_lower_bound(graph)
     report["peak_lower_bound"] = bound
     note = provenance(solved, args.solver, options)
     if note is not None:

@@ -112,7 +112,7 @@ def solve_within_budget(
         raise MemplanError(f"neither {solver} nor the {fallback.solver} found any schedule")
     peak = least.trace.peak
     if not best_effort:
-        bound = peak_lower_bound(graph).bytes if options.problem == "general" else None
+        bound = peak_lower_bound(graph) if options.problem == "general" else None
         raise InfeasibleBudget(budget, peak, least_by, lower_bound=bound)
     note = (
         f"{graph.name}: budget {format_bytes(budget)} is infeasible; planned for "

@@ -16,7 +16,6 @@ one storage twice.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import cache
 
 from memplan.graph import Graph
@@ -27,17 +26,8 @@ from memplan.graph import Graph
 DEPTH = 2
 
 
-@dataclass(frozen=True)
-class PeakBound:
-    """No schedule of the graph peaks below `bytes`; `node` is the node whose computation
-    (and the steps before it) forces that much."""
-
-    bytes: int
-    node: int
-
-
-def peak_lower_bound(graph: Graph, depth: int = DEPTH) -> PeakBound:
-    """The largest co-residence bound over the graph's nodes (see the module)."""
+def peak_lower_bound(graph: Graph, depth: int = DEPTH) -> int:
+    """The largest co-residence bound over the graph's nodes, in bytes (see the module)."""
     sizes = [n.bytes for n in graph]
     inputs = [frozenset(n.inputs) for n in graph]
 
@@ -47,22 +37,22 @@ def peak_lower_bound(graph: Graph, depth: int = DEPTH) -> PeakBound:
     @cache
     def earlier(resident: frozenset[int], steps: int) -> int:
         """The least peak forced at or before a step by `resident`: copies computed before
-        that step and resident at it, looking `steps` computations back."""
+        that step and resident at it, looking `steps` computations back. The least is
+        over which copy of `resident` was computed last."""
         if steps == 0 or not resident:
             return 0
-        least = None
-        for last in resident:  # the copy of `resident` computed last
-            at_its_step = held(resident | inputs[last]) + graph[last].workspace
-            before = earlier((resident - {last}) | inputs[last], steps - 1)
-            forced = max(at_its_step, before)
-            least = forced if least is None else min(least, forced)
-        assert least is not None
-        return least
+        return min(
+            max(
+                held(resident | inputs[last]) + graph[last].workspace,
+                earlier((resident - {last}) | inputs[last], steps - 1),
+            )
+            for last in resident
+        )
 
-    best = PeakBound(0, 0)
-    for v in range(len(graph)):
-        at_v = sizes[v] + graph[v].workspace + held(inputs[v] - {v})
-        forced = max(at_v, earlier(inputs[v], depth))
-        if forced > best.bytes:
-            best = PeakBound(forced, v)
-    return best
+    return max(
+        (
+            max(sizes[v] + graph[v].workspace + held(inputs[v] - {v}), earlier(inputs[v], depth))
+            for v in range(len(graph))
+        ),
+        default=0,
+    )
