@@ -22,12 +22,17 @@ PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[Healt
 GRAPHS = Path(__file__).resolve().parents[1] / "benchmarks" / "graphs"
 SHARED = sorted(GRAPHS.glob("*.json"))
 GENERAL = SolverOptions(problem="general")
+# The sweeps over the bundled graphs: a short limit bounds the memory-aware order searches
+# (the director's reference-order run alone takes well under a second on them).
+SWEEP = SolverOptions(problem="general", time_limit=5.0)
 
 
-def check_general(graph: Graph, budget: int) -> tuple[object, int]:
+def check_general(
+    graph: Graph, budget: int, options: SolverOptions = GENERAL
+) -> tuple[object, int]:
     """Solve; the simulator accepts the schedule, agrees with remat.score, and confirms
     the status. Returns the result and its peak."""
-    result = solve(graph, budget, GENERAL)
+    result = solve(graph, budget, options)
     trace = simulate(graph, result.schedule)
     scored = remat.score(graph, result.schedule.computes())
     assert scored.peak == trace.peak
@@ -120,7 +125,7 @@ def test_general_refuses_graphs_with_resident_inputs():
 def test_general_on_shared_graphs(path, share, record_property):
     graph = load_node_link(path)
     budget = remat.resolve_budget(graph, share)
-    result, peak = check_general(graph, budget)
+    result, peak = check_general(graph, budget, SWEEP)
     record_property("status", result.status)
     record_property("peak_over_budget", round(peak / budget, 4))
     # Inference graphs peak at one step's inputs and output: no recompute lowers that.
@@ -140,15 +145,15 @@ def test_general_on_shared_graphs_feasible_where_expected():
     for stem, shares in feasible.items():
         graph = load_node_link(GRAPHS / f"{stem}.json")
         for share in shares:
-            result, _ = check_general(graph, remat.resolve_budget(graph, share))
+            result, _ = check_general(graph, remat.resolve_budget(graph, share), SWEEP)
             assert result.status == "feasible", (stem, share)
 
 
 def test_general_minimize_memory_goes_below_the_budgeted_peak():
     graph = load_node_link(GRAPHS / "random_layered_n100.json")
     budget = remat.resolve_budget(graph, "0.9")
-    _, budgeted = check_general(graph, budget)
-    least = solve(graph, None, SolverOptions(problem="general"))
+    _, budgeted = check_general(graph, budget, SWEEP)
+    least = solve(graph, None, SWEEP)
     assert simulate(graph, least.schedule).peak <= budgeted
 
 
@@ -161,7 +166,7 @@ def test_general_is_deterministic_per_seed():
 
 def test_general_scales_to_2000_nodes():
     graph = random_layered_graph(2000)
-    check_general(graph, remat.resolve_budget(graph, "0.8"))
+    check_general(graph, remat.resolve_budget(graph, "0.8"), SWEEP)
 
 
 @pytest.mark.slow

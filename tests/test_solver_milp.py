@@ -20,7 +20,7 @@ from memplan.errors import MemplanError, MissingDependency, UnsupportedModel
 from memplan.graph import Graph, Node, NodeKind
 from memplan.node_link import load_node_link
 from memplan.simulate import simulate
-from memplan.solvers import SolverOptions, milp, milp_model
+from memplan.solvers import SolverOptions, milp, milp_model, warm_start
 
 pytest.importorskip("pulp")
 
@@ -86,6 +86,7 @@ def judged_peak(graph: Graph, result) -> int:
 @pytest.mark.parametrize(
     ("seed", "workspace"), [(s, False) for s in range(12)] + [(s, True) for s in range(6)]
 )
+@pytest.mark.usefixtures("model_alone")
 def test_agrees_with_brute_force_on_random_dags(seed: int, workspace: bool) -> None:
     # 4 to 6 nodes: at most 2**15 sequences
     graph = random_dag(seed, nodes=4 + seed % 3, workspace=workspace)
@@ -114,10 +115,9 @@ def test_minimize_memory_finds_the_least_peak_at_least_time() -> None:
     assert sum(graph[v].time for v in result.schedule.computes()) == brute.fastest(brute.least_peak)
 
 
-def test_infeasible_when_only_the_milp_can_tell() -> None:
-    # Sources a, c (10 B); b reads a, d reads c, e reads b and d (1 B each); all take 1.
-    # Each node with its inputs needs at most 11 B, but a and c never coexist (20 B), so
-    # a is recomputed for b, and c for d after b: peak 12 (b + c + d), time 5 + 2 = 7.
+def two_sources() -> Graph:
+    """Sources a, c (10 B); b reads a, d reads c, e reads b and d (1 B each); all take 1.
+    Each node with its inputs needs at most 11 B, but a and c never coexist (20 B)."""
     nodes = (
         Node(0, "a", "op", bytes=10, time=1.0),
         Node(1, "c", "op", bytes=10, time=1.0),
@@ -125,11 +125,28 @@ def test_infeasible_when_only_the_milp_can_tell() -> None:
         Node(3, "d", "op", (1,), bytes=1, time=1.0),
         Node(4, "e", "op", (2, 3), bytes=1, time=1.0),
     )
-    graph = Graph(nodes=nodes)
+    return Graph(nodes=nodes)
+
+
+@pytest.mark.usefixtures("model_alone")
+def test_infeasible_when_only_the_milp_can_tell() -> None:
+    # In Checkmate's stages a is computed before c, so a is recomputed for b, and c for d
+    # after b: peak 12 (b + c + d), time 5 + 2 = 7.
+    graph = two_sources()
     assert milp.solve(graph, 12, GENERAL).objective == 7.0
     result = milp.solve(graph, 11, GENERAL)
     assert result.status == "infeasible"
     assert "least possible peak is 12 B" in result.message
+
+
+def test_the_directors_start_goes_where_checkmates_stages_cannot() -> None:
+    # The order a, b, c, d, e holds b + c + d = 12 B with no recomputation (time 5): the
+    # director's memory-aware order finds it, milp's model cannot express it, and milp
+    # returns it as its starting schedule.
+    result = milp.solve(two_sources(), 12, GENERAL)
+    assert result.status == "feasible" and result.objective == 5.0
+    assert result.message.startswith(warm_start.STARTING_SCHEDULE)
+    assert judged_peak(two_sources(), result) == 12
 
 
 def test_params_and_outputs_are_held_as_the_simulator_holds_them() -> None:

@@ -139,6 +139,7 @@ def in_checkmate_stages(sequence: list[int]) -> bool:
     return not run
 
 
+@pytest.mark.usefixtures("model_alone")
 def test_milp_and_cpsat_agree_where_their_optima_lie_in_both_models() -> None:
     """Both are exact, over different sequences: milp over Checkmate's stages (any number
     of recomputations, first computations in id order), cpsat over two copies in any

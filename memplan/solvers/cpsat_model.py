@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from memplan import remat
 from memplan.errors import MissingDependency, UnsupportedModel
 from memplan.graph import Graph, Schedule, SolveResult
-from memplan.solvers import SolverOptions
+from memplan.solvers import SolverOptions, ordering
 
 if TYPE_CHECKING:
     from ortools.sat.python import cp_model
@@ -168,29 +168,12 @@ def check_general_graph(graph: Graph) -> None:
             raise UnsupportedModel(node.name, "shares storage; the general problem has none")
 
 
-def start_order(graph: Graph) -> list[int]:
-    """The lower-peak of two orders without recomputation: the reference order, and one
-    that greedily runs the ready node that leaves the least memory resident. A hint within
-    the budget lets phase 1 stop at once; CP-SAT takes minutes to find one on its own."""
-    n = len(graph)
-    pending = [len(set(graph.users[v])) for v in range(n)]  # unread users per node
-    waiting = [len(set(node.inputs)) for node in graph]  # inputs not yet computed
-    ready = {v for v in range(n) if not waiting[v]}
-    order: list[int] = []
-    while ready:
-
-        def change(v: int) -> int:
-            freed = sum(graph[u].bytes for u in set(graph[v].inputs) if pending[u] == 1)
-            return (graph[v].bytes if graph.users[v] or v in graph.outputs else 0) - freed
-
-        v = min(ready, key=lambda u: (change(u), graph[u].bytes, u))
-        ready.remove(v)
-        order.append(v)
-        for u in set(graph[v].inputs):
-            pending[u] -= 1
-        for w in graph.users[v]:
-            waiting[w] -= 1
-            if not waiting[w]:
-                ready.add(w)
-    reference = list(range(n))
-    return min(reference, order, key=lambda seq: remat.score(graph, seq).peak)
+def start_order(
+    graph: Graph, target: int | None = None, seed: int = 0, deadline: float = -math.inf
+) -> list[int]:
+    """The lower-peak of two orders without recomputation: the reference order, and a
+    memory-aware one searched for `target` until `deadline` (solvers/ordering.py; with
+    the deadline passed, its plain greedy order). A hint within the budget lets phase 1
+    stop at once; CP-SAT takes minutes to find one on its own."""
+    searched = ordering.searched_order(graph, target, seed, deadline)
+    return min(list(range(len(graph))), searched, key=lambda seq: remat.score(graph, seq).peak)

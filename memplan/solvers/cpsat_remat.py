@@ -51,7 +51,7 @@ def _solve_remat(
     start: list[int] | None,
 ) -> SolveResult:
     """The two phases of `solve` without paging; phase 1 is hinted with the director's
-    `start` where it has at most COPIES copies of a node, else with start_order."""
+    `start` where it has at most COPIES copies of a node, else with a searched start_order."""
     cp = cp_model_module()
     deadline = started + options.time_limit
     scale = Scale.of(graph, budget)
@@ -62,7 +62,11 @@ def _solve_remat(
     floor = max(scale.capacity, scale.footprint)
     first = _build(graph, scale, capacity=(floor, max(floor, scale.total)))
     first.model.minimize(first.capacity)
-    hinted = start if start is not None and _expressible(first, start) else start_order(graph)
+    if start is not None and _expressible(first, start):
+        hinted = start
+    else:
+        search = min(warm_start.MAX_SECONDS, warm_start.SHARE * options.time_limit)
+        hinted = start_order(graph, budget, options.seed, time.perf_counter() + search)
     _hint(first, graph, hinted)
     status1, solver1 = _run(first, deadline, options)
     if status1 not in (cp.OPTIMAL, cp.FEASIBLE):
