@@ -39,10 +39,10 @@ _CHAIN_LIMIT = 512
 _MINIMIZE_STEPS = 8
 # Memory-aware orders tried after the reference order, and the share of the time left
 # that searching for the next one may take: a search is a fixed number of moves (a few
-# seconds), so the share only cuts it short, and the result then depends on the machine,
-# under small limits. Above ORDER_MAX_NODES nodes only the
-# reference order is used: a search there costs seconds per order (each annealing move
-# is O(n)), more than the director's 5 s target at 10,000 nodes allows.
+# seconds), so the share only cuts it short under small limits, and the result then
+# depends on the machine. Above ORDER_MAX_NODES nodes only the reference order is used:
+# a search there costs seconds per order (each annealing move is O(n)), more than the
+# director's 5 s target at 10,000 nodes allows.
 ORDERS = 4
 ORDER_SHARE = 0.5
 ORDER_MAX_NODES = 5_000

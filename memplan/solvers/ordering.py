@@ -9,11 +9,11 @@ than any recomputation they add afterwards.
 Two seeded stages. A randomized greedy builds orders by computing, among the ready
 nodes, the one that adds the fewest bytes (its output less the inputs it is the last to
 read), the first without noise and the others with noise in proportion to its size; the
-least-peak of GREEDY_STARTS is kept. Simulated
-annealing then moves one node at a time to another position between its last input and
-its first user, minimizing the bytes held above the target summed over the steps (zero
-exactly when the order fits). The work is a fixed number of moves, so the same seed and
-graph give the same order whenever the search finishes before its deadline.
+least-peak of GREEDY_STARTS is kept. Simulated annealing then moves one node at a time to
+another position between its last input and its first user, minimizing the bytes held
+above the target summed over the steps (zero exactly when the order fits). The work is a
+fixed number of moves, so the same seed and graph give the same order whenever the search
+finishes before its deadline.
 """
 
 from __future__ import annotations
