@@ -261,9 +261,8 @@ class MemplanBackend:
             peak = compiled_peak(plan, graphs.graphs, device)
         except Exception as error:  # a check that fails must not fail the user's compile
             warnings.warn(
-                f"{plan.name}: the graphs as Inductor compiled them could not be run to "
-                f"check their peak ({first_line(error)}); the prediction is the unfused "
-                "graphs'",
+                f"{plan.name}: the peak of the graphs as Inductor compiled them could not "
+                f"be checked ({first_line(error)}); the prediction is the unfused graphs'",
                 MemplanWarning,
                 stacklevel=4,
             )

@@ -92,6 +92,11 @@ class UnsupportedProblem(MemplanError):
     """A solver was asked for a problem it does not solve (training vs general)."""
 
 
+class AllocatorUnreadable(MemplanError):
+    """The CPU allocator's events cannot be read here: another torch.profiler session is
+    recording, and a second one started inside it would end the first and lose its events."""
+
+
 class OutputFileError(MemplanError):
     """An output path that cannot be written: a folder, or under a file."""
 

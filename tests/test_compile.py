@@ -15,8 +15,9 @@ from test_e2e import eager_grads, example_of, train_step
 import memplan
 import memplan.planner.profile
 import memplan.planner.solve
-from memplan.errors import InfeasibleBudget, MemplanWarning
+from memplan.errors import AllocatorUnreadable, InfeasibleBudget, MemplanWarning
 from memplan.passes.offload import OFFLOAD, PREFETCH, WAIT
+from memplan.planner.measure import measure_peak
 from memplan.tools.verify import steady_step_peak
 from memplan.tools.zoo import ZOO, Example
 
@@ -315,3 +316,48 @@ def test_checking_the_compiled_graphs_leaves_the_users_random_numbers() -> None:
     (plan,) = backend.plans
     assert plan.compiled_peak > 0
     assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_a_users_profiler_around_the_compiling_step_keeps_its_recording(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    """memplan reads the CPU allocator with a profiler session of its own, and kineto runs
+    one at a time: inside a user's session it would end the user's recording. There
+    memplan measures times only, bounds transients per op family, leaves the Inductor
+    check undone, says so, and the user's profile keeps the whole step."""
+    monkeypatch.setenv("MEMPLAN_CACHE_DIR", str(tmp_path))  # nothing profiled before
+    example = ZOO["mlp"](batch=512)
+    expected = eager_grads(example)
+    torch._dynamo.reset()
+    model = copy.deepcopy(example.model)
+    backend = memplan.backend(budget="70%", progress=False)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with (
+        pytest.warns(MemplanWarning) as said,
+        torch.profiler.profile(activities=activities, profile_memory=True) as users,
+    ):
+        train_step(torch.compile(model, backend=backend), example.inputs)()
+        after = torch.ones(7, 11) * 3  # after memplan's work, still recorded
+    messages = [str(w.message) for w in said]
+    assert any("transient memory is a conservative bound" in m for m in messages)
+    assert any("could not be checked" in m and "torch.profiler" in m for m in messages)
+    (plan,) = backend.plans
+    assert plan.compiled_peak == 0  # unchecked, and not claimed
+    recorded = {e.key for e in users.key_averages()}
+    assert {"aten::mul", "aten::mm"} <= recorded
+    allocated = [e for e in users.events() if e.cpu_memory_usage == after.nbytes]
+    assert allocated, "the user's session lost the allocation made after compiling"
+    torch.testing.assert_close(
+        {n: p.grad for n, p in model.named_parameters()}, expected, rtol=1e-4, atol=1e-5
+    )
+
+
+def test_measuring_inside_a_users_profiler_is_a_clear_error() -> None:
+    """verify and maxbatch read the allocator on request: inside a user's profiler session
+    that is refused up front, and the session goes on recording."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities) as users:
+        with pytest.raises(AllocatorUnreadable, match=r"torch\.profiler session"):
+            measure_peak(lambda: torch.ones(3) + 1, resident=[], device=torch.device("cpu"))
+        torch.ones(5).sum()
+    assert "aten::sum" in {e.key for e in users.key_averages()}

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 import torch
 from torch._C._profiler import _EventType
 
+from memplan.errors import AllocatorUnreadable
+
 
 @dataclass(frozen=True)
 class Allocated:
@@ -69,11 +71,24 @@ def _peak_and_end(events: list[Allocated]) -> tuple[int, int]:
     return peak, level
 
 
+def readable() -> bool:
+    """Whether `recording` can run now: not inside another torch.profiler session (a
+    user's, around a training step that compiles). Kineto records one session at a time;
+    one started inside another ends the outer one's recording and its events are lost."""
+    return not torch._C._autograd._profiler_enabled()
+
+
 @contextlib.contextmanager
 def recording(device: torch.device, marked: str | None = None) -> Iterator[Recording]:
     """Record `device`'s allocation events inside the block (CPU), and the ranges opened
     with a name that starts with `marked`. Kineto's start and stop lines on stderr are held
-    back: a user's terminal is no place for them."""
+    back: a user's terminal is no place for them. Raises AllocatorUnreadable, starting
+    nothing, inside another profiler session."""
+    if not readable():
+        raise AllocatorUnreadable(
+            "cannot read the CPU allocator inside a running torch.profiler session: a "
+            "second session would end it and lose its events; measure outside it"
+        )
     profiler = torch.profiler.profile(
         activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
     )

@@ -30,7 +30,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils._pytree import tree_leaves, tree_map
 
 from memplan.errors import MemplanWarning, UnsupportedModel
-from memplan.planner.allocator import recording
+from memplan.planner import allocator
 from memplan.planner.profile_cache import Cost, ProfileCache, node_key
 from memplan.planner.roofline import (
     device_spec,
@@ -134,8 +134,18 @@ def _cached_or_measured(
     hits = {k: c for k, c in cached.items() if c is not None}
     if len(hits) == len(unique):
         return hits
-    measured = _measure(gm, keys, device, warmup, repeats, progress)
-    if cache is not None:
+    transients_readable = device.type == "cuda" or allocator.readable()
+    if not transients_readable:
+        warnings.warn(
+            "a torch.profiler session is recording, and the CPU allocator cannot be read "
+            "inside it without ending it: node times are measured, but transient memory is "
+            "a conservative bound per op family and is not cached; plan outside the profiler "
+            "to measure it",
+            MemplanWarning,
+            stacklevel=4,
+        )
+    measured = _measure(gm, keys, device, warmup, repeats, progress, transients_readable)
+    if cache is not None and transients_readable:
         cache.update(measured)
     return measured
 
@@ -147,9 +157,11 @@ def _measure(
     warmup: int,
     repeats: int,
     progress: bool,
+    transients_readable: bool,
 ) -> dict[str, Cost]:
     """Median seconds over `repeats` timed passes and the most transient bytes of one more
-    pass, per key; keys of nodes that failed are absent."""
+    pass (where the allocator can be read, else the roofline's bound), per key; keys of
+    nodes that failed are absent."""
     nodes = list(gm.graph.nodes)
     frees = _frees_after(nodes)
     # A size traced as a plain number has no value recorded, and nothing reads it.
@@ -168,7 +180,12 @@ def _measure(
                 if node in keys and node not in substitutes:
                     samples[keys[node]].append(s)
     held: dict[str, int] = defaultdict(int)
-    for node, nbytes in _transients(nodes, frees, inputs, substitutes, device).items():
+    transients = (
+        _transients(nodes, frees, inputs, substitutes, device)
+        if transients_readable
+        else {node: estimated_workspace(node) for node in keys}
+    )
+    for node, nbytes in transients.items():
         if node in keys and node not in substitutes:
             held[keys[node]] = max(held[keys[node]], nbytes)
     return {key: Cost(statistics.median(s), held[key]) for key, s in samples.items()}
@@ -202,7 +219,7 @@ def _transients(
     def ranged(node: fx.Node) -> contextlib.AbstractContextManager[object]:
         return torch.profiler.record_function(f"{_RANGE}{index[node]}")
 
-    with recording(device, marked=_RANGE) as recorded:
+    with allocator.recording(device, marked=_RANGE) as recorded:
         _run_pass(nodes, frees, inputs, substitutes, device, around=ranged)
     held = recorded.transients()
     return {node: held.get(f"{_RANGE}{i}", 0) for node, i in index.items()}
