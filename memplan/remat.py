@@ -33,10 +33,22 @@ class Score:
 def score(graph: Graph, sequence: Sequence[int]) -> Score:
     """Peak and duration of `sequence` by the literature's rules; InvalidSchedule if a node
     reads an input never computed before it, an id is unknown, or a node is never computed."""
+    last_read = copy_ends(graph, sequence)
+    computed = set(sequence)
+    if len(computed) < len(graph):
+        missing = next(v for v in range(len(graph)) if v not in computed)
+        raise InvalidSchedule(f"{graph[missing].name} is never computed")
+    memory = memory_by_step(graph, sequence, last_read)
+    return Score(peak=max([0, *memory]), duration=sum(graph[v].time for v in sequence))
+
+
+def copy_ends(graph: Graph, sequence: Sequence[int]) -> list[int]:
+    """Per step, the last step that reads the copy made there (the step itself where
+    nothing does); InvalidSchedule if an id is unknown or a node reads an input not
+    computed before it."""
     n = len(graph)
     latest: dict[int, int] = {}  # node -> step of its most recent copy
-    last_read: list[int] = []  # per step: the last step that reads the copy made there
-    duration = 0.0
+    last_read: list[int] = []
     for step, v in enumerate(sequence):
         if not (isinstance(v, int) and 0 <= v < n):
             raise InvalidSchedule(f"step {step}: unknown node id {v!r}")
@@ -48,22 +60,24 @@ def score(graph: Graph, sequence: Sequence[int]) -> Score:
             last_read[latest[u]] = step
         latest[v] = step
         last_read.append(step)
-        duration += graph[v].time
-    if len(latest) < n:
-        missing = next(v for v in range(n) if v not in latest)
-        raise InvalidSchedule(f"{graph[missing].name} is never computed")
-    # Memory over steps as a difference array: a copy adds its bytes from its step through
-    # its last read, and its node's workspace in its step alone.
+    return last_read
+
+
+def memory_by_step(graph: Graph, sequence: Sequence[int], last_read: Sequence[int]) -> list[int]:
+    """The resident bytes at each step: each copy from its step through `last_read` of it,
+    and each node's workspace in its own step alone."""
+    # A difference array: a copy adds its bytes at its step and takes them back after its
+    # last read; a workspace is added and taken back around its step.
     change = [0] * (len(sequence) + 1)
     for step, v in enumerate(sequence):
         change[step] += graph[v].bytes + graph[v].workspace
         change[step + 1] -= graph[v].workspace
         change[last_read[step] + 1] -= graph[v].bytes
-    peak = memory = 0
+    memory, level = [], 0
     for delta in change[:-1]:
-        memory += delta
-        peak = max(peak, memory)
-    return Score(peak=peak, duration=duration)
+        level += delta
+        memory.append(level)
+    return memory
 
 
 def missing_ancestors(graph: Graph, targets: Sequence[int], available: set[int]) -> list[int]:

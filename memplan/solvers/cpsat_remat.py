@@ -6,6 +6,7 @@ recomputation.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING
 from memplan import remat
 from memplan.graph import Graph, Schedule, SolveResult
 from memplan.simulate import simulate
-from memplan.solvers import SolverOptions, warm_start
+from memplan.solvers import SolverOptions, lns, warm_start
 from memplan.solvers.cpsat_model import (
     Scale,
     check_general_graph,
@@ -32,12 +33,23 @@ if TYPE_CHECKING:
 COPIES = 2
 
 
+# From this many nodes the whole model is too big to improve on its hint within a
+# minute (on the bundled 500- and 1,000-node graphs it returned the director's sequence
+# unchanged): the director's sequence is improved window by window instead
+# (solvers/lns.py), the director taking DIRECTOR_SHARE of the time limit.
+WINDOWS_FROM = 300
+DIRECTOR_SHARE = 0.5
+
+
 def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResult:
     """Moccasin's two phases (see solve_remat), hinted with the director's sequence where
     it fits the budget; where CP-SAT returns nothing faster than that sequence, the
-    sequence is the result (its message says so)."""
+    sequence is the result (its message says so). From WINDOWS_FROM nodes, with a budget,
+    the director's sequence re-solved window by window instead."""
     check_general_graph(graph)
     started = time.perf_counter()
+    if budget is not None and len(graph) >= WINDOWS_FROM and not graph.resident_inputs:
+        return _solve_by_windows(graph, budget, options, started)
     start = warm_start.director_sequence(graph, budget, options)
     result = _solve_remat(graph, budget, options, started, start)
     return warm_start.keep_faster(graph, result, start, budget, options)
@@ -113,6 +125,41 @@ def _solve_remat(
         objective=result.duration,
         lower_bound=bound,
         message=f"peak {result.peak} B",
+    )
+
+
+def _solve_by_windows(
+    graph: Graph, budget: int, options: SolverOptions, started: float
+) -> SolveResult:
+    """The director's sequence within `budget`, then large-neighbourhood search: CP-SAT
+    re-solves windows of it for the rest of the time limit (solvers/lns.py). Where the
+    director finds none within the budget, its least-peak sequence, as a timeout."""
+    from memplan.solvers import director  # the director imports numpy: load it on use
+
+    share = dataclasses.replace(
+        options, time_limit=DIRECTOR_SHARE * options.time_limit, bandwidth=None
+    )
+    found = director.solve(graph, budget, share)
+    if found.status != "feasible" or found.schedule is None:
+        return make_result(
+            options,
+            started,
+            "timeout",
+            found.schedule,
+            message=f"the director found no sequence within the budget to start the "
+            f"window search from ({found.status}: {found.message})",
+        )
+    deadline = started + options.time_limit
+    improved, search = lns.improve(graph, found.schedule.computes(), budget, deadline, options.seed)
+    result = remat.score(graph, improved)
+    return make_result(
+        options,
+        started,
+        "feasible",
+        _checked(graph, improved, budget),
+        objective=result.duration,
+        message=f"peak {result.peak} B; the director's sequence with {search.improved} of "
+        f"{search.windows} windows re-solved faster (large-neighbourhood search)",
     )
 
 
