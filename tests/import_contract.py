@@ -19,7 +19,7 @@ from pathlib import Path
 CORE = frozenset(
     f"memplan.{name}"
     for name in (
-        "budget", "checks", "config", "errors", "files", "graph", "node_link", "remat",
+        "budget", "checks", "config", "devices", "errors", "files", "graph", "node_link", "remat",
         "schedule_file", "simulate", "units",
     )
 )  # fmt: skip

@@ -13,16 +13,11 @@ from torch import fx
 from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from memplan import config
+from memplan import config, devices
 from memplan.errors import MemplanWarning
 from memplan.planner import profile, roofline
 from memplan.planner.profile import ProfileCache, profile_graph
-from memplan.planner.roofline import (
-    DeviceSpec,
-    device_spec,
-    estimated_workspace,
-    roofline_seconds,
-)
+from memplan.planner.roofline import device_spec, estimated_workspace, roofline_seconds
 
 CPU = torch.device("cpu")
 FAST = {"device": CPU, "repeats": 2, "warmup": 1, "progress": False}
@@ -76,7 +71,7 @@ def test_roofline_of_a_matmul_is_compute_bound():
     (mm,) = _tensor_work(gm)
     spec = device_spec(CPU)
     # 2 * 512^3 FLOPs at 5e10 FLOP/s beats 3 * 1 MiB at 1e10 B/s
-    expected = 2 * 512**3 / spec.peak_flops + spec.launch_overhead
+    expected = 2 * 512**3 / spec.float32_flops + spec.launch_overhead
     assert profile_graph(gm, device=CPU, measure=False).seconds[mm.name] == pytest.approx(expected)
 
 
@@ -151,6 +146,8 @@ def test_cache_dir_defaults_to_the_users_cache(tmp_path, monkeypatch):
 
 def test_gpu_specs_come_from_the_name_table(monkeypatch):
     monkeypatch.setattr(roofline, "device_name", lambda device: "NVIDIA H100 80GB HBM3")
-    assert device_spec(torch.device("cuda")).bandwidth == 3.35e12
-    monkeypatch.setattr(roofline, "device_name", lambda device: "NVIDIA GeForce GTX 1060")
-    assert device_spec(torch.device("cuda")) == DeviceSpec(1e13, 3e11, 5e-6)
+    assert device_spec(torch.device("cuda")) == devices.target("h100")
+    monkeypatch.setattr(roofline, "device_name", lambda device: "NVIDIA L40S")
+    assert device_spec(torch.device("cuda")) == devices.UNKNOWN_GPU  # not an L4
+    monkeypatch.setattr(roofline, "device_name", lambda device: "NVIDIA A100-SXM4-40GB")
+    assert device_spec(torch.device("cuda")) == devices.UNKNOWN_GPU  # not the 80GB card

@@ -9,48 +9,30 @@ has the table and how it was measured), and ops of no known family get the large
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import fx
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
+from memplan import devices
+from memplan.devices import DeviceSpec
 from memplan.planner.profile_cache import device_name
 from memplan.planner.shapes import concrete, hint
 
 
-@dataclass(frozen=True)
-class DeviceSpec:
-    """What the roofline needs: FLOP/s, bytes/s to memory, and seconds per op launched."""
-
-    peak_flops: float
-    bandwidth: float
-    launch_overhead: float
-
-
-_CPU = DeviceSpec(peak_flops=5e10, bandwidth=1e10, launch_overhead=5e-6)
-# FP32 CUDA-core peaks and HBM bandwidth: conservative, TF32 and BF16 matmuls run faster.
-# Matched as substrings of the device name; no key is a substring of another model's name.
-_CUDA = {
-    "H200": DeviceSpec(peak_flops=6.7e13, bandwidth=4.8e12, launch_overhead=5e-6),
-    "H100": DeviceSpec(peak_flops=6.7e13, bandwidth=3.35e12, launch_overhead=5e-6),
-    "A100": DeviceSpec(peak_flops=1.95e13, bandwidth=1.5e12, launch_overhead=5e-6),
-    "V100": DeviceSpec(peak_flops=1.5e13, bandwidth=9e11, launch_overhead=5e-6),
-}
-_CUDA_DEFAULT = DeviceSpec(peak_flops=1e13, bandwidth=3e11, launch_overhead=5e-6)
-
-
 def device_spec(device: torch.device) -> DeviceSpec:
-    """The roofline parameters of `device`; an unknown GPU gets a slow one's."""
+    """The roofline of `device`: a GPU's from its name (memplan/devices.py), an unknown
+    GPU a slow one's."""
     if device.type != "cuda":
-        return _CPU
-    name = device_name(device)
-    return next((spec for key, spec in _CUDA.items() if key in name), _CUDA_DEFAULT)
+        return devices.CPU
+    return devices.for_cuda_name(device_name(device))
 
 
 def roofline_seconds(node: fx.Node, spec: DeviceSpec) -> float:
-    """max(FLOPs / peak, bytes moved / bandwidth) + launch overhead, from meta values only."""
+    """max(FLOPs / peak, bytes moved / bandwidth) + launch overhead, from meta values only.
+    FLOPs are counted for matrix math (matmuls, convolutions, attention), whose peak is
+    that of the dtype of the node's first tensor output."""
     args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
     counter = FlopCounterMode(display=False)
     try:
@@ -63,7 +45,10 @@ def roofline_seconds(node: fx.Node, spec: DeviceSpec) -> float:
     # A view reads and writes nothing; any other op reads its inputs and writes its outputs.
     is_view = getattr(node.target, "is_view", False)
     moved = 0 if is_view else _nbytes((args, kwargs, node.meta.get("val")))
-    return max(flops / spec.peak_flops, moved / spec.bandwidth) + spec.launch_overhead
+    outputs = [v for v in tree_leaves(node.meta.get("val")) if isinstance(v, torch.Tensor)]
+    dtype = str(outputs[0].dtype).removeprefix("torch.") if outputs else "float32"
+    peak = spec.matmul_flops(dtype)
+    return max(flops / peak, moved / spec.bandwidth) + spec.launch_overhead
 
 
 def to_meta(v: object) -> object:
