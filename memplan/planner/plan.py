@@ -383,6 +383,7 @@ class Partitioner:
             joint,
             device=device,
             measure=self.options.measure,
+            spec=self.options.device_spec,
             cache=self.cache,
             progress=self.options.progress,
         )

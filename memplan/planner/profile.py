@@ -29,6 +29,7 @@ from torch import fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils._pytree import tree_leaves, tree_map
 
+from memplan.devices import DeviceSpec
 from memplan.errors import MemplanWarning, UnsupportedModel
 from memplan.planner import allocator
 from memplan.planner.profile_cache import Cost, ProfileCache, node_key
@@ -59,12 +60,14 @@ def profile_graph(
     *,
     device: torch.device,
     measure: bool = True,
+    spec: DeviceSpec | None = None,
     repeats: int = 5,
     warmup: int = 2,
     cache: ProfileCache | None = None,
     progress: bool = True,
 ) -> Profile:
-    """The time and transient memory of every node of `gm` on `device`.
+    """The time and transient memory of every node of `gm` on `device` (estimates by the
+    roofline of `spec` where given, else of `device`).
 
     Measured times are the median of `repeats` passes over the whole graph after `warmup`,
     and transients the most of one more pass, both pooled over nodes with the same
@@ -81,7 +84,7 @@ def profile_graph(
     # measurement runs outside it, or every kernel would be a fake one's bookkeeping.
     with unset_fake_temporarily():
         measured = _cached_or_measured(gm, keys, device, cache, warmup, repeats, progress)
-    spec = device_spec(device)
+    spec = spec or device_spec(device)
     estimated = []
     for node in work:
         cost = measured.get(keys.get(node, ""))

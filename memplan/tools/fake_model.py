@@ -1,0 +1,79 @@
+"""Models that allocate nothing: a transformers causal LM built from its config under
+fake tensors, to plan real sizes (an 8B decoder at 4,096 tokens) on a machine that could
+never hold them.
+
+Fake tensors carry sizes, dtypes, strides and storage sharing exactly, and no data, so
+the joint graph memplan traces from such a model and the bytes it plans are those of the
+real model at those sizes; node times then come from a device's roofline
+(`PlanOptions(measure=False, device_spec=...)`), since nothing can be run. The graph is
+the one this machine's kernels would run: on a CPU-only build, attention is the CPU's
+fused kernel, whose saved tensors match the GPU's flash attention in kind (the output and
+its log-sum-exp), not always in layout.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from memplan.errors import MemplanError, first_line
+from memplan.tools.zoo import Example, LossOf
+
+# Names a user may give for the weights' and activations' dtype.
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class ConfigError(MemplanError, ValueError):
+    """A config that cannot be read or built into a model, or settings it cannot take."""
+
+
+def causal_lm(config_path: str | Path, *, batch: int, seq: int, dtype: str = "fp32") -> Example:
+    """The causal LM of a transformers config file (config.json), on fake tensors, whose
+    forward returns the loss of next-token prediction on `batch` x `seq` token ids. Nothing
+    is downloaded or allocated; ConfigError (one line) where it cannot be built."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if batch < 1 or seq < 1:
+        raise ConfigError(f"batch and seq must be at least 1, got {batch} and {seq}")
+    try:
+        config = AutoConfig.from_pretrained(str(config_path))
+    except Exception as error:  # transformers raises OSError, ValueError, KeyError
+        raise ConfigError(f"{config_path}: cannot read the config: {first_line(error)}") from None
+    longest = getattr(config, "max_position_embeddings", None) or getattr(
+        config, "n_positions", None
+    )
+    if longest is not None and seq > longest:
+        raise ConfigError(f"seq {seq} is longer than the config's {longest} positions")
+    # use_cache stays as the config says: off, transformers reads the position ids'
+    # values to look for packed sequences, which fake tensors cannot give; on, the cache
+    # holds nothing the traced step keeps (the zoo's models train with it on too).
+    with FakeTensorMode():
+        try:
+            model = AutoModelForCausalLM.from_config(
+                config, dtype=DTYPES[dtype], attn_implementation="sdpa"
+            )
+        except Exception as error:
+            raise ConfigError(
+                f"{config_path}: cannot build a causal LM from it: {first_line(error)}"
+            ) from None
+        ids = torch.randint(0, config.vocab_size, (batch, seq))
+    model.train()
+    # Named, not left for transformers to pick with a logged warning (as the zoo does).
+    model.loss_type = "ForCausalLM"
+    _no_dropout(model)
+    return Example(
+        f"{config.model_type} (fake)", LossOf(model, ("input_ids", "labels")), (ids, ids)
+    )
+
+
+def _no_dropout(model: nn.Module) -> None:
+    """Dropout off: it draws random numbers the plan does not need, and training at these
+    sizes is what is measured, not regularized."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
