@@ -133,7 +133,9 @@ def test_cpsat_hinted_by_the_director_finds_a_point_on_the_100_node_graph():
     start = warm_start.director_sequence(graph, budget, options)
     assert start is not None and max(Counter(start).values()) <= cpsat_remat.COPIES
     result = cpsat.solve(graph, budget, options)
-    assert result.status == "feasible" and FALLBACK not in result.message
+    # With the director's memory-aware orders its start may need no recomputation, which
+    # phase 2 then proves optimal at once.
+    assert result.status in ("feasible", "optimal") and FALLBACK not in result.message
     assert result.schedule is not None
     assert simulate(graph, result.schedule).peak <= budget
     assert result.objective is not None
