@@ -172,7 +172,6 @@ def case_lines(rows: list[Row]) -> list[str]:
         "exact solvers' own bounds hold only for their restricted models), so a case's gap "
         "is its best TDI.",
         "",
-        "",
         "First within budget: the earliest wall time at which a solver without paging "
         "returned a schedule within the budget, and which; a solver's first such schedule "
         "may exist before it returns, so this is an upper bound on the time to the first.",
