@@ -22,9 +22,9 @@ computed in the window. The objective is the window's compute time.
 
 A copy held in the model from its computation through its last read covers what the
 literature's rules hold (memplan/remat.py), so a window solution scored by remat.score
-peaks no higher than the model says. Every accepted sequence is scored again in full and
-kept only if it is valid, within the budget and faster: a window can never make the
-schedule worse or invalid.
+peaks no higher than the model says. Every window's sequence is judged again in full by
+the simulator and kept only if it is valid, within the budget and faster: a window can
+never make the schedule worse or invalid.
 
 Windows are tried where the recomputation time is largest, each at most once for a given
 content, until none is left or the deadline passes. A window's search is bounded by
@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 from memplan import remat
 from memplan.errors import InvalidSchedule
 from memplan.graph import Graph
+from memplan.simulate import simulate
 from memplan.solvers.cpsat_model import cp_model_module
 
 if TYPE_CHECKING:
@@ -91,18 +92,22 @@ def improve(
         if solved is None:
             continue
         candidate = best[:start] + solved + best[stop:]
-        scored = _scored(graph, candidate)
-        if scored is not None and scored.peak <= budget and scored.duration < best_time:
-            best, best_time = candidate, scored.duration
+        duration = _judged(graph, candidate, budget)
+        if duration is not None and duration < best_time:
+            best, best_time = candidate, duration
             improved += 1
     return best, Search(windows, improved)
 
 
-def _scored(graph: Graph, sequence: list[int]) -> remat.Score | None:
+def _judged(graph: Graph, sequence: list[int], budget: int) -> float | None:
+    """The sequence's duration where the simulator accepts it within `budget` (it also
+    holds a graph's outputs to the end, which the window model does not know), else None:
+    a window the model allowed and the judge refuses is never kept."""
     try:
-        return remat.score(graph, sequence)
-    except InvalidSchedule:  # a window the model allowed and the rules refuse: never kept
+        simulate(graph, remat.to_schedule(graph, sequence), budget=budget)
+    except InvalidSchedule:  # invalid, or over the budget
         return None
+    return remat.score(graph, sequence).duration
 
 
 def _next_window(
