@@ -36,8 +36,12 @@ def sequences_with_recomputation(
     sequence: list[int] = []
     for v in range(len(graph)):
         sequence.append(v)
-        again = draw(st.lists(st.integers(0, v), max_size=2))
-        sequence.extend(again)  # each has all its inputs computed: they precede it
+        # Each has all its inputs computed (they precede it); an output is held from its
+        # computation to the end, so it is never computed again.
+        again = draw(
+            st.lists(st.integers(0, v).filter(lambda u: u not in graph.outputs), max_size=2)
+        )
+        sequence.extend(again)
     peak = simulate(graph, remat.to_schedule(graph, sequence)).peak
     budget = peak + draw(st.integers(0, peak // 4))
     return graph, sequence, budget
