@@ -123,15 +123,16 @@ def load_spec(path: str | Path) -> DeviceSpec:
     def error(what: str) -> DeviceSpecError:
         return DeviceSpecError(f"{path}: {what}")
 
-    kinds: dict[str, checks.Check] = {"name": checks.text, "memory": checks.count}
+    # Each field's check; the others are rates. launch_overhead alone has a default.
+    kinds: dict[str, checks.Check] = {
+        "name": checks.text, "memory": checks.count, "launch_overhead": checks.seconds
+    }  # fmt: skip
     values: dict[str, object] = {}
     for name in names:
-        if name not in record:
-            if name == "launch_overhead":
-                continue
+        if name in record:
+            values[name] = checks.field(record, name, kinds.get(name, _rate), error)
+        elif name != "launch_overhead":
             raise error(f"{name!r} is missing")
-        check = kinds.get(name, checks.seconds if name == "launch_overhead" else _rate)
-        values[name] = checks.field(record, name, check, error)
     return DeviceSpec(**values)  # type: ignore[arg-type]
 
 
