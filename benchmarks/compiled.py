@@ -335,7 +335,14 @@ def bench_model(
     if measured:
         below = math.floor((1 - LOWER_REQUIRED) * min(measured))
         runs.append(runner.memplan(BELOW_LEAST, below))
-        advance(runs[-1].label, 1)
+    else:  # counted in runs_per_model, so recorded as the matched runs are
+        runs.append(
+            CompiledRun(
+                name, "memplan", BELOW_LEAST, config.solver,
+                "error: no torch.compile point was measured",
+            )
+        )  # fmt: skip
+    advance(runs[-1].label, 1)
     return runs
 
 
