@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,8 +22,19 @@ from rich.console import Console
 
 from memplan import remat, solvers
 from memplan.budget import Budget
-from memplan.errors import BudgetError, MemplanError, OutputFileError, one_line
-from memplan.files import write_json_atomically, write_together
+from memplan.cli_args import (
+    EXIT_CHECK_FAILED,
+    EXIT_ERROR,
+    check_outputs,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    write_all,
+)
+from memplan.cli_fit import add_fit_options, plan_config
+from memplan.errors import BudgetError, MemplanError, one_line
+from memplan.files import write_json_atomically
 from memplan.node_link import load_node_link
 from memplan.planner.layout import METHODS as LAYOUTS
 from memplan.planner.options import CONVOLUTION_COPIES, FRAGMENTATION, PlanOptions
@@ -45,8 +55,6 @@ from memplan.tools.report import (
 from memplan.units import format_bytes
 
 DEFAULTS = PlanOptions()
-EXIT_ERROR = 2
-EXIT_CHECK_FAILED = 1
 EXIT_INTERNAL = 3
 
 
@@ -97,11 +105,17 @@ def build_parser() -> argparse.ArgumentParser:
     plan = commands.add_parser(
         "plan",
         parents=[common],
-        help="plan a torch.export program (.pt2) under a memory budget",
+        help="plan a torch.export program (.pt2), or a transformers config for a GPU, under a "
+        "memory budget",
         description="Plan one training step of a torch.export program saved with "
-        "torch.export.save(program, 'model.pt2') from example inputs (export with args).",
+        "torch.export.save(program, 'model.pt2') from example inputs (export with args); "
+        "or, with --hf-config, the whole training step (optimizer state included) of a "
+        "transformers causal LM built on fake tensors, for a target GPU, without allocating "
+        "or running anything.",
     )
-    plan.add_argument("model", type=Path, help="a .pt2 file written by torch.export.save")
+    plan.add_argument(
+        "model", type=Path, nargs="?", help="a .pt2 file written by torch.export.save"
+    )
     plan.add_argument(
         "--budget",
         required=True,
@@ -156,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument(
         "--bandwidth",
-        type=_positive_float,
+        type=positive_float,
         default=DEFAULTS.bandwidth,
         metavar="BYTES_PER_S",
         help="host link bandwidth assumed for offloading",
@@ -173,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="load a .pt/.pth file saved with torch.save({'model': module, 'inputs': tuple}); "
         "unpickling runs arbitrary code, so only for files you trust",
     )
+    add_fit_options(plan)
     plan.set_defaults(command=_plan)
 
     show = commands.add_parser(
@@ -188,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     show.add_argument(
         "--top",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=20,
         metavar="N",
         help="show the N largest saved tensors (default: 20; 0: all)",
@@ -213,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_search_options(solve)
     solve.add_argument(
         "--bandwidth",
-        type=_positive_float,
+        type=positive_float,
         metavar="BYTES_PER_S",
         help="host link bandwidth: lets solvers that page move values to host memory",
     )
@@ -240,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     largest.add_argument("--cap", required=True, help="device memory cap: '2GiB', '512MB', 2e9")
     largest.add_argument(
         "--overhead",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=batch_search.DEFAULT_OVERHEAD,
         help="step-time overhead limit per sample, as a fraction (default: "
         f"{batch_search.DEFAULT_OVERHEAD:g})",
@@ -252,9 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--solver", default=DEFAULTS.solver, help=f"memplan's solver (default: {DEFAULTS.solver})"
     )
     _add_search_options(largest)
-    largest.add_argument("--start", type=_positive_int, default=1, help="first batch size")
+    largest.add_argument("--start", type=positive_int, default=1, help="first batch size")
     largest.add_argument(
-        "--max-batch", type=_positive_int, default=1 << 16, help="largest batch size tried"
+        "--max-batch", type=positive_int, default=1 << 16, help="largest batch size tried"
     )
     largest.add_argument("-o", "--output", type=Path, help="also write the results here (JSON)")
     largest.set_defaults(command=_maxbatch)
@@ -268,7 +283,7 @@ def _add_search_options(command: argparse.ArgumentParser) -> None:
     """--time-limit and --seed, which every solving command takes."""
     command.add_argument(
         "--time-limit",
-        type=_positive_float,
+        type=positive_float,
         default=DEFAULTS.time_limit,
         metavar="S",
         help=f"solver time limit in seconds (default: {DEFAULTS.time_limit:g})",
@@ -280,6 +295,10 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
     # Check everything cheap before loading torch and tracing the model.
     budget = Budget.parse(args.budget)
     solvers.check_known(args.solver)
+    if (args.model is None) == (args.hf_config is None):
+        raise MemplanError("give a MODEL file or --hf-config, not both or neither")
+    if args.hf_config is not None:
+        return plan_config(args, budget, console)
     check_outputs([args.model], [args.output, args.png])
     from memplan import api
     from memplan.planner.model_file import load_model
@@ -315,7 +334,7 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
     outputs: list[tuple[Path, Callable[[Path], object]]] = [(args.output, plan.save)]
     if args.png is not None:
         outputs.append((args.png, lambda at: plot_timeline(plan, at, measured_peak=measured_peak)))
-    _write_all(outputs, console)
+    write_all(outputs, console)
     return status
 
 
@@ -332,15 +351,8 @@ def _show(args: argparse.Namespace, console: Console) -> int:
         outputs.append((args.png, lambda at: plot_timeline(plan, at)))
     if args.placement_png is not None:
         outputs.append((args.placement_png, lambda at: placement_plot(plan, at)))
-    _write_all(outputs, console)
+    write_all(outputs, console)
     return 0
-
-
-def _write_all(outputs: list[tuple[Path, Callable[[Path], object]]], console: Console) -> None:
-    """Write every (path, writer) or none (files.write_together), then say what was written."""
-    write_together(outputs)
-    for path, _ in outputs:
-        console.print(f"wrote {path}", soft_wrap=True)  # a path is not wrapped
 
 
 def _solve(args: argparse.Namespace, console: Console) -> int:
@@ -418,68 +430,6 @@ def _solvers(args: argparse.Namespace, console: Console) -> int:
     for name in solvers.available():
         console.print(f"{name:10} {' and '.join(solvers.problems(name))}")
     return 0
-
-
-def check_outputs(inputs: Sequence[Path], outputs: Sequence[Path | None]) -> None:
-    """OutputFileError, before any work is done, where an output (None: not asked for)
-    cannot become a file: a folder, a path under a file, one of the inputs or another
-    output. Other failures to write (permissions, a full disk) surface when writing."""
-    named = [path for path in outputs if path is not None]
-    for index, path in enumerate(named):
-        if path.is_dir() or not path.name:
-            raise OutputFileError(f"{path}: is a folder; name a file to write")
-        folder = path.parent
-        while not folder.exists() and folder != folder.parent:
-            folder = folder.parent
-        if not folder.is_dir():
-            raise OutputFileError(f"{path}: cannot write under {folder}, which is not a folder")
-        for other in [*inputs, *named[:index]]:
-            if _same_file(path, other):
-                raise OutputFileError(f"{path}: would overwrite {other}; name another file")
-
-
-def _same_file(one: Path, other: Path) -> bool:
-    if one.exists() and other.exists():
-        return os.path.samefile(one, other)
-    return one.resolve() == other.resolve()
-
-
-def _number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-
-
-def _positive_float(text: str) -> float:
-    value = _number(text)
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = _number(text)
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = _non_negative_int(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("must be 1 or more, got 0")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
-    return value
 
 
 if __name__ == "__main__":

@@ -20,10 +20,19 @@ CORE = frozenset(
     f"memplan.{name}"
     for name in (
         "budget", "checks", "config", "devices", "errors", "files", "graph", "node_link", "remat",
-        "schedule_file", "simulate", "units",
+        "schedule_file", "simulate", "training_state", "units",
     )
 )  # fmt: skip
-FACE = frozenset({"memplan", "memplan.api", "memplan.backends", "memplan.cli"})
+FACE = frozenset(
+    {
+        "memplan",
+        "memplan.api",
+        "memplan.backends",
+        "memplan.cli",
+        "memplan.cli_args",
+        "memplan.cli_fit",
+    }
+)
 # Each layer and the layers (besides itself and the core) it may import.
 MAY_IMPORT = {
     "core": set(),

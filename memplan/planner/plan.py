@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch.fx as fx
@@ -265,8 +266,12 @@ class Partitioner:
         self.cache = cache if cache is not None else ProfileCache()
         # The sizes (symbol -> value) a graph of dynamic shapes is planned at: its hints.
         self.sizes: ShapeSignature = ()
-        # What earlier graphs of the step hold while this one runs (graph breaks).
+        # What earlier graphs of the step hold while this one runs (graph breaks), and
+        # what the step holds outside its graphs (tools/fit.py: optimizer state).
         self.resident = Resident()
+        # A last look at each graph, its times set, before it is solved: tools/fit.py
+        # divides it per FSDP rank there, and stops where no plan can fit.
+        self.before_solving: Callable[[Graph], Graph] | None = None
         self.plans: list[Plan] = []
         self.lowered: list[Lowered] = []
         self.schedules: list[Schedule] = []
@@ -391,6 +396,8 @@ class Partitioner:
             [profile.seconds.get(n.name, 0.0) for n in lowered.fx_nodes],
             [profile.workspace.get(n.name, 0) for n in lowered.fx_nodes],
         )
+        if self.before_solving is not None:
+            graph = self.before_solving(graph)
         lowered = dataclasses.replace(lowered, graph=graph)
         reuse, key = self.reuse, ""
         if self.keep_plans and reuse is None:

@@ -21,9 +21,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memplan.errors import MemplanError, first_line
 from memplan.tools.zoo import Example, LossOf
+from memplan.training_state import DTYPE_NAMES
 
 # Names a user may give for the weights' and activations' dtype.
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.bfloat16, torch.float16), strict=True))
 
 
 class ConfigError(MemplanError, ValueError):
@@ -41,7 +42,7 @@ def causal_lm(config_path: str | Path, *, batch: int, seq: int, dtype: str = "fp
     if batch < 1 or seq < 1:
         raise ConfigError(f"batch and seq must be at least 1, got {batch} and {seq}")
     try:
-        config = AutoConfig.from_pretrained(str(config_path))
+        config = AutoConfig.from_pretrained(str(config_path), local_files_only=True)
     except Exception as error:  # transformers raises OSError, ValueError, KeyError
         raise ConfigError(f"{config_path}: cannot read the config: {first_line(error)}") from None
     longest = getattr(config, "max_position_embeddings", None) or getattr(

@@ -24,7 +24,8 @@ from memplan.planner.plan_file import Plan
 from memplan.tools.batch_search import MaxBatch
 from memplan.units import format_bytes, format_seconds
 
-if TYPE_CHECKING:  # a type only: reports need no torch to load
+if TYPE_CHECKING:  # types only: reports need no torch to load
+    from memplan.tools.fit import Fit
     from memplan.tools.verify import Verification
 
 MIB = 2**20
@@ -46,6 +47,9 @@ def summary_table(plan: Plan) -> Table:
     )
     if plan.compiled_peak:
         table.add_row("as Inductor compiled it", format_bytes(plan.compiled_peak))
+    if plan.resident:
+        table.add_row("held outside the graph", format_bytes(plan.resident))
+        table.add_row("step's predicted peak", format_bytes(plan.step_peak))
     if plan.arena > 0:  # plan files written before layouts have no arena
         over = ", [red]above the budget[/]" if plan.arena > plan.budget else ""
         status = f", {escape(plan.layout_status)}" if plan.layout_status else ""
@@ -109,6 +113,54 @@ def verification_table(check: Verification) -> Table:
     )
     table.add_row("verdict", verdict)
     return table
+
+
+def fit_table(found: Fit) -> Table:
+    """What a step's peak is made of, unplanned and planned, against the budget; the
+    plan's predicted time, or where nothing fits, the bound and what dominates it."""
+    title = f"will it fit? {escape(found.name)} on {escape(found.device)}"
+    ranks = found.state.ranks
+    if ranks > 1:
+        title += f", per rank of {ranks} (FSDP)"
+    table = Table(title=title, title_justify="left")
+    table.add_column("peak made of", style="bold")
+    table.add_column("unplanned", justify="right")
+    table.add_column("planned", justify="right")
+    planned = found.planned.parts() if found.planned else {}
+    for part, size in found.unplanned.parts().items():
+        if not size and not planned.get(part):
+            continue  # a part this step does not have (master copies in fp32, say)
+        table.add_row(part, format_bytes(size), format_bytes(planned[part]) if planned else "-")
+    total = format_bytes(found.planned.total) if found.planned else "-"
+    table.add_row("peak", format_bytes(found.unplanned.total), total, style="bold")
+    table.add_row("budget", format_bytes(found.budget), format_bytes(found.budget))
+    if found.plan is not None:
+        plan = found.plan
+        table.add_row(
+            "step time (roofline)",
+            format_seconds(plan.unplanned_time),
+            f"{format_seconds(plan.predicted_time)} ({plan.overhead:+.1%})",
+        )
+    return table
+
+
+def fit_verdict(found: Fit) -> str:
+    """One line: fits with what overhead, or why nothing fits."""
+    part, size = found.dominant()
+    if found.plan is not None and found.planned is not None:
+        return (
+            f"[green]fits[/]: predicted peak {format_bytes(found.planned.total)} "
+            f"within {format_bytes(found.budget)}, {found.plan.overhead:+.1%} step time "
+            f"({escape(found.plan.solver)}, planned in {format_seconds(found.seconds)})"
+        )
+    if found.least is None:
+        reach = f"no plan can peak below {format_bytes(found.bound)} (proved)"
+    else:
+        reach = f"the least peak found is {format_bytes(found.least)}"
+    return (
+        f"[red]does not fit[/] in {format_bytes(found.budget)}: {reach}; {part} dominates "
+        f"the unplanned peak with {format_bytes(size)}"
+    )
 
 
 def maxbatch_table(results: Sequence[MaxBatch]) -> Table:

@@ -1,0 +1,140 @@
+"""`memplan plan --hf-config`: will a transformers model's training step fit a GPU one
+may not have? Its options and its command; torch loads only when the command runs."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+
+from memplan.budget import Budget
+from memplan.cli_args import EXIT_CHECK_FAILED, check_outputs, positive_int, write_all
+from memplan.devices import TARGETS, load_spec, target
+from memplan.errors import MemplanError, MemplanWarning
+from memplan.planner.options import PlanOptions
+from memplan.tools.report import fit_table, fit_verdict, plot_timeline
+from memplan.training_state import DTYPE_NAMES, OPTIMIZER_STATE
+from memplan.units import format_bytes
+
+if TYPE_CHECKING:
+    from memplan.tools.zoo import Example
+
+
+def add_fit_options(plan: argparse.ArgumentParser) -> None:
+    """The options of planning a config on fake tensors for a target device."""
+    fit = plan.add_argument_group("will it fit? (a transformers config, on fake tensors)")
+    fit.add_argument(
+        "--hf-config",
+        metavar="PATH_OR_ID",
+        help="a transformers config.json, its folder, or a model id cached locally (never "
+        "downloaded); plans instead of MODEL",
+    )
+    fit.add_argument(
+        "--batch", type=positive_int, default=1, help="sequences per step (default: 1)"
+    )
+    fit.add_argument("--seq", type=positive_int, help="tokens per sequence (required)")
+    fit.add_argument(
+        "--dtype",
+        choices=DTYPE_NAMES,
+        default="fp32",
+        help="weights and activations; bf16 and fp16 add fp32 master weights and grads "
+        "(default: fp32)",
+    )
+    fit.add_argument(
+        "--optimizer",
+        choices=OPTIMIZER_STATE,
+        default="adamw",
+        help="whose state the step holds: adamw (two fp32 moments per parameter), sgd "
+        "(momentum), none (default: adamw)",
+    )
+    fit.add_argument(
+        "--target", help=f"the GPU planned for: {', '.join(TARGETS)} (or --device-spec)"
+    )
+    fit.add_argument(
+        "--device-spec", type=Path, metavar="FILE", help="a JSON device spec for another GPU"
+    )
+    fit.add_argument(
+        "--ranks",
+        type=positive_int,
+        default=1,
+        help="FSDP2 ranks the weights, gradients and optimizer state are sharded over; the "
+        "peak is per rank (default: 1, unsharded)",
+    )
+    fit.add_argument(
+        "--max-batch",
+        action="store_true",
+        help="also find the largest batch whose step fits the budget (bytes), by planning "
+        "batches on fake tensors",
+    )
+
+
+def plan_config(args: argparse.Namespace, budget: Budget, console: Console) -> int:
+    """`memplan plan --hf-config`: the step's peak and its parts, the plan for the budget
+    and optionally the largest batch; exit status 1 where nothing fits."""
+    if args.seq is None:
+        raise MemplanError("--hf-config needs --seq, the tokens per sequence")
+    if (args.target is None) == (args.device_spec is None):
+        raise MemplanError("--hf-config needs --target NAME or --device-spec FILE (one of them)")
+    if args.verify or args.allow_pickle:
+        raise MemplanError("--verify and --allow-pickle need a MODEL file, not --hf-config")
+    if args.max_batch and budget.bytes is None:
+        raise MemplanError("--max-batch needs a budget in bytes ('70GiB'), not a share")
+    spec = target(args.target) if args.target else load_spec(args.device_spec)
+    check_outputs([], [args.output, args.png])
+    from memplan.tools.fake_model import causal_lm
+    from memplan.tools.fit import fit, largest_batch, ranks_needed
+
+    options = PlanOptions(
+        solver=args.solver,
+        time_limit=args.time_limit,
+        seed=args.seed,
+        measure=False,
+        device_spec=spec,
+        # A GPU's host link is the spec's: offloading is planned unless --no-offload.
+        offload=True if args.offload is None else args.offload,
+        bandwidth=args.bandwidth or spec.host_to_device,
+        fragmentation=args.fragmentation,
+        layout=args.layout,
+    )
+
+    def build(batch: int) -> Example:
+        return causal_lm(args.hf_config, batch=batch, seq=args.seq, dtype=args.dtype)
+
+    settings = {"optimizer": args.optimizer, "ranks": args.ranks}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MemplanWarning)  # every time is a roofline estimate
+        found = fit(build(args.batch), budget, options, **settings)
+    console.print(fit_table(found))
+    console.print(fit_verdict(found))
+    if not found.fits and args.ranks == 1:
+        needed = ranks_needed(found)
+        if needed is not None and needed > 1:
+            console.print(
+                f"weights, gradients and optimizer state alone fit from --ranks {needed} on"
+            )
+    if args.max_batch:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", MemplanWarning)
+            largest = largest_batch(
+                build,
+                budget,
+                options,
+                **settings,
+                on_probe=lambda b, f: console.print(
+                    f"  batch {b}: {'fits' if f.fits else 'does not fit'} ({f.seconds:.1f} s)"
+                ),
+            )
+        console.print(f"largest batch that fits {format_bytes(found.budget)}: {largest}")
+    if found.plan is None:
+        return EXIT_CHECK_FAILED
+    plan = dataclasses.replace(found.plan, name=Path(args.hf_config).stem)
+    outputs: list[tuple[Path, Callable[[Path], object]]] = [(args.output, plan.save)]
+    if args.png is not None:
+        outputs.append((args.png, lambda at: plot_timeline(plan, at)))
+    write_all(outputs, console)
+    return 0

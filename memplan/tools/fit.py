@@ -1,0 +1,217 @@
+"""Will it fit? A model's whole training step planned for a device one may not have.
+
+The model is traced as it is given: built on fake tensors (tools/fake_model.py), nothing
+is allocated and node times come from the target device's roofline. The step's peak is
+the graph's (weights, gradients, activations, workspace) plus what the optimizer holds
+outside it (training_state.py), per FSDP rank where sharded. A budget no schedule can
+meet, because what is held all step and the gradients alone pass it, is reported at
+once with that bound and what dominates it, without a search; a budget the solvers cannot
+meet gives the least peak they found.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from memplan.budget import Budget
+from memplan.errors import InfeasibleBudget, MemplanError
+from memplan.graph import Graph
+from memplan.planner.capture import compile_training_step
+from memplan.planner.options import PlanOptions
+from memplan.planner.plan import Partitioner, Resident
+from memplan.planner.plan_file import Plan
+from memplan.simulate import simulate
+from memplan.solvers import get_solver
+from memplan.tools.zoo import Example
+from memplan.training_state import Breakdown, TrainingState, breakdown, floor, per_rank
+
+
+@dataclass(frozen=True)
+class Fit:
+    """One model's step against one budget on one device, all bytes per rank.
+
+    `plan` is the plan within the budget, None where nothing fits; `least` is then the
+    least peak the solvers found, or None where `bound` alone proved that nothing fits
+    (no search ran). `bound` is a peak no plan goes below.
+    """
+
+    name: str
+    device: str
+    budget: int
+    state: TrainingState
+    unplanned: Breakdown
+    bound: int
+    plan: Plan | None
+    planned: Breakdown | None
+    least: int | None
+    seconds: float
+
+    @property
+    def fits(self) -> bool:
+        return self.plan is not None
+
+    def dominant(self) -> tuple[str, int]:
+        """The largest part of the peak the step cannot avoid (the planned one where it
+        fits, else the unplanned one): its name and bytes."""
+        return next(iter((self.planned or self.unplanned).parts().items()))
+
+
+class _NoPlanCanFit(Exception):
+    """Raised from inside tracing where the bound proves the budget infeasible."""
+
+    def __init__(self, bound: int) -> None:
+        super().__init__(bound)
+        self.bound = bound
+
+
+def training_state(model: nn.Module, optimizer: str, ranks: int) -> TrainingState:
+    """The state a step of `model` holds outside its graph: from its trainable parameters,
+    whose dtype says whether fp32 master copies exist, and its largest FSDP unit (the
+    largest block of any nn.ModuleList, where FSDP2 is applied per block; else the whole
+    model)."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if not trainable:
+        raise MemplanError(f"{type(model).__name__} has no trainable parameters")
+    blocks = [b for m in model.modules() if isinstance(m, nn.ModuleList) for b in m]
+    units = [sum(p.nbytes for p in b.parameters()) for b in blocks] or [
+        sum(p.nbytes for p in trainable)
+    ]
+    return TrainingState(
+        parameters=sum(p.numel() for p in trainable),
+        optimizer=optimizer,
+        mixed_precision=any(p.dtype != torch.float32 for p in trainable),
+        ranks=ranks,
+        largest_unit=max(units),
+    )
+
+
+def fit(
+    example: Example,
+    budget: Budget,
+    options: PlanOptions,
+    *,
+    optimizer: str = "adamw",
+    ranks: int = 1,
+) -> Fit:
+    """Plan `example`'s whole training step for `budget` (a share is of the step's
+    unplanned peak, optimizer state included), with `options` (measure=False and a
+    device_spec for a device one does not have)."""
+    started = time.perf_counter()
+    state = training_state(example.model, optimizer, ranks)
+    partitioner = Partitioner(budget, options, name=example.name)
+    partitioner.resident = Resident(held=state.outside, unplanned_held=state.outside)
+    seen: list[Graph] = []
+    partitioner.before_solving = _checker(state, budget, seen, options)
+    plan, least = None, None
+    try:
+        compile_training_step(example.model, example.inputs, partitioner)
+        plan = partitioner.plans[-1]
+    except _NoPlanCanFit:
+        pass
+    except InfeasibleBudget as infeasible:
+        least = infeasible.smallest_feasible + state.outside
+    if not seen:
+        raise MemplanError(f"{example.name} produced no trainable graph")
+    if len(partitioner.plans) > 1:
+        raise MemplanError(f"{example.name} traced into {len(partitioner.plans)} graphs, not one")
+    graph = seen[-1]
+    keep_all = get_solver("keep_all")(graph, None, options.solver_options("cpu"))
+    assert keep_all.schedule is not None
+    unplanned = breakdown(graph, keep_all.schedule, simulate(graph, keep_all.schedule), state)
+    planned = None
+    if plan is not None:
+        schedule, lowered = partitioner.schedules[-1], partitioner.lowered[-1]
+        bandwidth = options.solver_options(lowered.device.type).bandwidth
+        trace = simulate(lowered.graph, schedule, bandwidth=bandwidth)
+        planned = breakdown(lowered.graph, schedule, trace, state)
+    return Fit(
+        name=example.name,
+        device=options.device_spec.name if options.device_spec else "this machine",
+        budget=budget.resolve(unplanned.total),
+        state=state,
+        unplanned=unplanned,
+        bound=floor(graph) + state.outside,
+        plan=plan,
+        planned=planned,
+        least=least,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _checker(
+    state: TrainingState, budget: Budget, seen: list[Graph], options: PlanOptions
+) -> Callable[[Graph], Graph]:
+    """The Partitioner's look at the graph before solving: divided per rank, kept in
+    `seen`, and stopped with _NoPlanCanFit where its floor and the state outside it are
+    over the budget."""
+
+    def check(graph: Graph) -> Graph:
+        graph = per_rank(graph, state.ranks)
+        seen.append(graph)
+        bound = floor(graph) + state.outside
+        if budget.bytes is None:  # a share, of the step's unplanned peak
+            keep_all = get_solver("keep_all")(graph, None, options.solver_options("cpu"))
+            assert keep_all.schedule is not None
+            asked = budget.resolve(simulate(graph, keep_all.schedule).peak + state.outside)
+        else:
+            asked = budget.resolve(0)
+        if bound > asked:
+            raise _NoPlanCanFit(bound)
+        return graph
+
+    return check
+
+
+def largest_batch(
+    build: Callable[[int], Example],
+    budget: Budget,
+    options: PlanOptions,
+    *,
+    optimizer: str = "adamw",
+    ranks: int = 1,
+    limit: int = 1 << 12,
+    on_probe: Callable[[int, Fit], None] | None = None,
+) -> int:
+    """The largest batch whose step some plan fits within `budget` (bytes), by doubling
+    and then bisection on fake-tensor plans: nothing runs. 0 where batch 1 does not fit.
+    Assumes that a larger batch never needs less memory."""
+    if budget.bytes is None:
+        raise MemplanError("the largest batch needs a budget in bytes, not a share")
+
+    def fits(batch: int) -> bool:
+        found = fit(build(batch), budget, options, optimizer=optimizer, ranks=ranks)
+        if on_probe is not None:
+            on_probe(batch, found)
+        return found.fits
+
+    if not fits(1):
+        return 0
+    low, high = 1, 2
+    while high <= limit and fits(high):
+        low, high = high, 2 * high
+    high = min(high, limit + 1)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
+
+
+def ranks_needed(found: Fit, most: int = 1024) -> int | None:
+    """Of an unsharded step: the fewest FSDP ranks (a power of 2) at which what each rank
+    holds all step, its shards of the state outside the graph, of the weights and of their
+    gradients (as many bytes as the weights), alone fits the budget; None beyond `most`.
+    A necessary condition, not a plan: activations do not shrink with ranks."""
+    state = found.state
+    for ranks in (2**k for k in range(int(math.log2(most)) + 1)):
+        sharded = dataclasses.replace(state, ranks=ranks)
+        weights_and_grads = math.ceil(2 * found.unplanned.weights / ranks)
+        if sharded.outside + weights_and_grads <= found.budget:
+            return ranks
+    return None

@@ -1,0 +1,158 @@
+"""What one training step holds on the device besides its graph's values, and what its
+peak is made of.
+
+The traced graph holds the weights (its parameters), the gradients its backward returns,
+the activations and the kernels' workspace. A training step also holds, for the whole
+step, what the optimizer keeps between steps: its state (AdamW: two fp32 moments per
+parameter; SGD with momentum: one) and, in mixed precision, the fp32 master copy of each
+weight and the fp32 gradient it is accumulated into. These never leave the device during
+the step, so the planner holds them as bytes resident beside the graph.
+
+Under FSDP2 each of `ranks` ranks keeps 1/ranks of every parameter, gradient and optimizer
+state, and gathers one unit's whole parameters to run it (and holds its whole gradients
+until they are reduce-scattered): `per_rank` divides the graph's parameters and returned
+gradients, and `TrainingState.gathered` adds one unit's weights and gradients in full.
+No torch here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from memplan.errors import MemplanError
+from memplan.graph import Compute, Graph, NodeKind, Schedule
+from memplan.simulate import MemoryTrace
+
+# The dtypes a model's weights and activations may be planned in, by their short names.
+DTYPE_NAMES = ("fp32", "bf16", "fp16")
+# fp32 bytes per parameter that an optimizer keeps between steps.
+OPTIMIZER_STATE = {"adamw": 8, "sgd": 4, "none": 0}
+# Mixed precision: an fp32 master weight and an fp32 gradient per parameter.
+MASTER_COPIES = 8
+
+
+@dataclass(frozen=True)
+class TrainingState:
+    """The bytes a training step holds outside its graph, per rank.
+
+    `parameters` counts the model's trainable elements; `mixed_precision` says the graph's
+    weights are not fp32, so fp32 master copies exist; `largest_unit` is the bytes of the
+    largest FSDP unit's weights as the graph holds them (used where `ranks` > 1).
+    """
+
+    parameters: int
+    optimizer: str = "adamw"
+    mixed_precision: bool = False
+    ranks: int = 1
+    largest_unit: int = 0
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZER_STATE:
+            raise MemplanError(
+                f"optimizer must be one of {', '.join(OPTIMIZER_STATE)}, got {self.optimizer!r}"
+            )
+        if self.ranks < 1:
+            raise MemplanError(f"ranks must be at least 1, got {self.ranks}")
+
+    @property
+    def optimizer_bytes(self) -> int:
+        """The optimizer's state on one rank."""
+        return math.ceil(self.parameters * OPTIMIZER_STATE[self.optimizer] / self.ranks)
+
+    @property
+    def master_bytes(self) -> int:
+        """The fp32 master weights and gradients on one rank (0 in plain fp32)."""
+        if not self.mixed_precision:
+            return 0
+        return math.ceil(self.parameters * MASTER_COPIES / self.ranks)
+
+    @property
+    def gathered(self) -> int:
+        """Sharded: the largest unit's whole weights, gathered to run it, and its whole
+        gradients before they are reduce-scattered (0 unsharded)."""
+        return 2 * self.largest_unit if self.ranks > 1 else 0
+
+    @property
+    def outside(self) -> int:
+        """Everything the step holds outside its graph, for the whole step."""
+        return self.optimizer_bytes + self.master_bytes + self.gathered
+
+
+def per_rank(graph: Graph, ranks: int) -> Graph:
+    """The graph as one of `ranks` FSDP ranks holds it between gathers: each parameter and
+    each gradient the backward returns keeps 1/ranks of its bytes (its shard, rounded up).
+    The unit being run holds its whole weights and gradients: TrainingState.gathered."""
+    if ranks == 1:
+        return graph
+    sharded = {v for v in graph.resident_inputs if graph[v].kind is NodeKind.PARAM}
+    sharded |= {graph.storage_owner[v] for v in graph.outputs if graph[v].is_backward}
+    nodes = tuple(
+        dataclasses.replace(n, bytes=math.ceil(n.bytes / ranks)) if n.id in sharded else n
+        for n in graph
+    )
+    return dataclasses.replace(graph, nodes=nodes)
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """What a step's peak is made of, in bytes: the graph's weights, the gradients it has
+    returned so far, activations (everything else the graph holds, inputs included), the
+    workspace of the kernel running at the peak, and what the step holds outside the
+    graph (TrainingState: optimizer state, master copies, a gathered unit)."""
+
+    weights: int
+    grads: int
+    activations: int
+    workspace: int
+    optimizer_state: int = 0
+    master_copies: int = 0
+    gathered: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(dataclasses.astuple(self))
+
+    def parts(self) -> dict[str, int]:
+        """Each part by a reader's name, largest first."""
+        names = {
+            "weights": self.weights,
+            "gradients": self.grads,
+            "optimizer state": self.optimizer_state,
+            "fp32 master weights and grads": self.master_copies,
+            "gathered FSDP unit": self.gathered,
+            "activations": self.activations,
+            "workspace": self.workspace,
+        }
+        return dict(sorted(names.items(), key=lambda item: -item[1]))
+
+
+def breakdown(
+    graph: Graph, schedule: Schedule, trace: MemoryTrace, state: TrainingState | None = None
+) -> Breakdown:
+    """The parts of the step's peak under `schedule` (simulated as `trace`), with what
+    `state` holds outside the graph."""
+    owners = {graph.storage_owner[v] for v in trace.live_at_peak}
+    weights = sum(graph[o].bytes for o in owners if graph[o].kind is NodeKind.PARAM)
+    returned = {graph.storage_owner[v] for v in graph.outputs if graph[v].is_backward}
+    grads = sum(graph[o].bytes for o in owners & returned)
+    step = schedule.steps[trace.peak_step] if schedule.steps else None
+    workspace = graph[step.node].workspace if isinstance(step, Compute) else 0
+    state = state or TrainingState(0, optimizer="none")
+    return Breakdown(
+        weights=weights,
+        grads=grads,
+        activations=trace.peak - weights - grads - workspace,
+        workspace=workspace,
+        optimizer_state=state.optimizer_bytes,
+        master_copies=state.master_bytes,
+        gathered=state.gathered,
+    )
+
+
+def floor(graph: Graph) -> int:
+    """Bytes no schedule of the graph can go below: at its last step, the resident inputs
+    and every output are live at once."""
+    owners = {graph.storage_owner[v] for v in (*graph.resident_inputs, *graph.outputs)}
+    return sum(graph[o].bytes for o in owners)

@@ -1,0 +1,211 @@
+"""Will it fit? (memplan/training_state.py, memplan/tools/fit.py and `memplan plan
+--hf-config`): a model's whole training step, optimizer state included, planned on fake
+tensors for a target device, its peak broken into parts, and budgets no plan can meet
+proved so without a search."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+import memplan
+from memplan.budget import Budget
+from memplan.cli import main
+from memplan.devices import target
+from memplan.errors import MemplanError, MemplanWarning
+from memplan.graph import Graph, Node, NodeKind
+from memplan.planner.options import PlanOptions
+from memplan.simulate import simulate
+from memplan.solvers import SolverOptions, get_solver
+from memplan.tools.fake_model import causal_lm
+from memplan.tools.fit import fit, largest_batch, ranks_needed, training_state
+from memplan.tools.verify import verify
+from memplan.training_state import TrainingState, breakdown, floor, per_rank
+
+GPT2 = {
+    "model_type": "gpt2", "vocab_size": 512, "n_positions": 64, "n_embd": 64, "n_layer": 2,
+    "n_head": 4, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+    "bos_token_id": 0, "eos_token_id": 0,
+}  # fmt: skip
+H100 = PlanOptions(measure=False, device_spec=target("h100"), progress=False)
+
+
+@pytest.fixture
+def config(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(GPT2))
+    return path
+
+
+def quietly(function, *args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MemplanWarning)  # roofline estimates
+        return function(*args, **kwargs)
+
+
+def test_the_state_outside_the_graph_per_parameter_and_rank():
+    adamw = TrainingState(1000, "adamw", mixed_precision=True)
+    assert (adamw.optimizer_bytes, adamw.master_bytes, adamw.gathered) == (8000, 8000, 0)
+    sharded = TrainingState(1000, "adamw", mixed_precision=True, ranks=8, largest_unit=300)
+    assert (sharded.optimizer_bytes, sharded.master_bytes, sharded.gathered) == (1000, 1000, 600)
+    assert TrainingState(1000, "sgd").outside == 4000
+    assert TrainingState(1000, "none").outside == 0
+    with pytest.raises(MemplanError, match="optimizer must be one of adamw, sgd, none"):
+        TrainingState(1, "lion")
+    with pytest.raises(MemplanError, match="ranks must be at least 1"):
+        TrainingState(1, ranks=0)
+
+
+def _tiny_step() -> Graph:
+    """w (param, 100 B) and x (input) -> y = f(w, x) (40 B) -> loss (4 B, output);
+    backward from the tangent t: g = grad of w (100 B, output)."""
+    nodes = (
+        Node(0, "w", "param", bytes=100, kind=NodeKind.PARAM),
+        Node(1, "x", "input", bytes=10, kind=NodeKind.INPUT),
+        Node(2, "y", "mm", (0, 1), bytes=40, time=1.0, workspace=6),
+        Node(3, "loss", "sum", (2,), bytes=4, time=1.0),
+        Node(4, "t", "tangent", bytes=4, kind=NodeKind.TANGENT),
+        Node(5, "g", "mm", (4, 1, 2), bytes=100, time=1.0, is_backward=True),
+    )
+    return Graph(nodes, outputs=(3, 5))
+
+
+def test_per_rank_divides_parameters_and_returned_gradients_only():
+    sharded = per_rank(_tiny_step(), 4)
+    assert [n.bytes for n in sharded] == [25, 10, 40, 4, 4, 25]
+    assert per_rank(_tiny_step(), 1) == _tiny_step()
+
+
+def test_the_breakdown_adds_up_to_the_simulated_peak_and_the_floor_is_never_above_it():
+    graph = _tiny_step()
+    schedule = get_solver("keep_all")(graph, None, SolverOptions()).schedule
+    trace = simulate(graph, schedule)
+    parts = breakdown(graph, schedule, trace, TrainingState(50, "adamw"))
+    assert parts.total - parts.optimizer_state == trace.peak
+    assert parts.optimizer_state == 400
+    assert parts.weights == 100
+    assert floor(graph) == 100 + 10 + 4 + 100  # w and x resident; loss and g at the end
+    assert floor(graph) <= trace.peak
+
+
+def test_fit_plans_the_whole_step_and_its_parts_add_up(config):
+    example = causal_lm(config, batch=2, seq=32)
+    found = quietly(fit, example, Budget.parse("95%"), H100)
+    assert found.fits and found.plan is not None and found.planned is not None
+    state = training_state(example.model, "adamw", 1)
+    assert found.state == state and state.optimizer_bytes == 8 * state.parameters
+    # The plan holds the state outside its graph; its step peak is the breakdown's total.
+    assert found.plan.resident == state.outside
+    assert found.plan.step_peak == found.planned.total <= found.budget
+    assert found.budget == Budget.parse("95%").resolve(found.unplanned.total)
+    assert found.unplanned.total == found.plan.unplanned_peak + state.outside
+    assert found.bound <= found.planned.total
+
+
+def test_a_budget_below_the_floor_is_proved_infeasible_without_a_search(config):
+    example = causal_lm(config, batch=2, seq=32)
+    found = quietly(fit, example, Budget.parse("40%"), H100)
+    assert not found.fits and found.least is None
+    assert found.bound > found.budget
+    # The bound is a true floor: the least peak the solver can reach is not below it.
+    least = quietly(fit, example, Budget.parse("100%"), H100)
+    graph_least = quietly(
+        memplan.plan, example.model, example.inputs, "1%", measure=False,
+        device_spec=target("h100"), progress=False, best_effort=True,
+    )  # fmt: skip
+    assert graph_least.predicted_peak + least.state.outside >= found.bound
+
+
+def test_sharding_divides_what_each_rank_holds(config):
+    example = causal_lm(config, batch=2, seq=32)
+    whole = quietly(fit, example, Budget.parse("100%"), H100)
+    sharded = quietly(fit, example, Budget.parse("100%"), H100, ranks=4)
+    assert sharded.unplanned.weights == pytest.approx(whole.unplanned.weights / 4, abs=64)
+    assert sharded.state.optimizer_bytes == -(-whole.state.optimizer_bytes // 4)
+    assert sharded.unplanned.gathered == 2 * sharded.state.largest_unit > 0
+    assert sharded.unplanned.activations == whole.unplanned.activations
+    assert ranks_needed(whole) == 1
+
+
+def test_the_largest_batch_fits_and_the_next_does_not(config):
+    budget = Budget.parse("3MiB")
+    probes: dict[int, bool] = {}
+    largest = quietly(
+        largest_batch,
+        lambda batch: causal_lm(config, batch=batch, seq=32),
+        budget,
+        H100,
+        on_probe=lambda batch, found: probes.setdefault(batch, found.fits),
+    )
+    assert largest >= 1
+    assert probes[largest] and not probes[largest + 1]
+    with pytest.raises(MemplanError, match="needs a budget in bytes"):
+        largest_batch(
+            lambda batch: causal_lm(config, batch=batch, seq=32), Budget.parse("50%"), H100
+        )
+
+
+def test_the_fake_prediction_holds_on_the_real_model_by_the_allocator(config):
+    """The fake model's plan, applied to the same model built for real: the allocator's
+    peak of a planned step is within 2% of the prediction, and gradients equal eager's."""
+    from test_fake_model import real_model
+
+    fake = causal_lm(config, batch=4, seq=64)
+    planned = quietly(fit, fake, Budget.parse("75%"), H100, optimizer="none")
+    real = real_model(config, batch=4, seq=64)
+    plan = quietly(
+        memplan.plan, real.model, real.inputs, "1GiB", measure=False,
+        device_spec=target("h100"), progress=False, reuse=planned.plan,
+    )  # fmt: skip
+    assert plan.predicted_peak == planned.plan.predicted_peak
+    check = quietly(verify, real.model, real.inputs, plan)
+    assert check.grads_match
+    assert abs(check.measured_peak / planned.plan.predicted_peak - 1) <= 0.02
+
+
+def test_the_cli_prints_the_parts_and_writes_the_plan(config, tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    argv = ["plan", "--hf-config", str(config), "--seq", "32", "--batch", "2"]
+    assert main([*argv, "--target", "h100", "--budget", "95%", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    for part in ("optimizer state", "weights", "activations", "peak", "budget", "fits"):
+        assert part in printed
+    saved = memplan.Plan.load(out)
+    assert saved.resident > 0 and saved.step_peak <= saved.asked + saved.resident
+
+
+def test_the_cli_says_what_dominates_where_nothing_fits(config, tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    argv = ["plan", "--hf-config", str(config), "--seq", "32", "--target", "h100"]
+    assert main([*argv, "--budget", "100KiB", "-o", str(out)]) == 1
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "does not fit" in printed and "(proved)" in printed and "dominates" in printed
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--target", "tpu"], "unknown device 'tpu'; known: a100, h100, h200, l4"),
+        ([], "--hf-config needs --target NAME or --device-spec FILE"),
+        (["--target", "h100", "--dtype", "int8"], "invalid choice: 'int8'"),
+        (["--target", "h100", "--max-batch"], "--max-batch needs a budget in bytes"),
+    ],
+)
+def test_bad_fit_input_is_one_line(config, tmp_path, capsys, extra, message):
+    argv = ["plan", "--hf-config", str(config), "--seq", "32", "--budget", "50%"]
+    assert main([*argv, *extra, "-o", str(tmp_path / "p.json")]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # argparse's usage precedes it
+    assert message in last and last.startswith(("memplan: error:", "memplan plan: error:"))
+
+
+def test_a_config_that_cannot_be_read_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    argv = ["plan", "--hf-config", str(bad), "--seq", "8", "--target", "h100", "--budget", "1GiB"]
+    assert main([*argv, "-o", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("memplan: error:") and "cannot read the config" in err
+    assert len(err.splitlines()) == 1
