@@ -28,8 +28,8 @@ from memplan.solvers.training import build_schedule
 # Pareto states kept per checkpoint in the budgeted DP; beyond it the DP thins its fronts
 # rather than growing without bound on long chains.
 _FRONT_LIMIT = 64
-# Model budgets chain_dp's sweep visits at most (plus its least-peak set): each is
-# simulated, so this bounds the solve time.
+# Sets chain_dp's sweep finds at most, less one (besides its least-peak set and the set
+# that stores every stage): each is simulated, so this bounds the solve time.
 _SWEEP = 32
 # Segment caps the linear selector tries: a constant, so it stays O(n).
 _LINEAR_CAPS = 24
@@ -155,18 +155,35 @@ def _pareto(
 def sweep(chain: Chain, upper: list[list[int]]) -> list[Selection]:
     """The DP's checkpoint sets over a sweep of model budgets, which no budget asked for
     changes: the least-peak set, the set that stores every stage (no recomputation, as
-    keep_all), then the fastest set within each bound, from the model peak of storing
-    every stage down to the least peak. Each next
-    bound is just below the last set's model peak, or 1/_SWEEP of that range lower if
-    that is lower still: at most _SWEEP + 1 runs of least_time, and every point of the
-    model's peak/time front is visited where the points lie at least that far apart."""
+    keep_all), then the fastest set within each bound from the model peak of storing
+    every stage down to the least peak.
+
+    Where the model's peak/time front has at most _SWEEP + 1 points, the bounds visit
+    every one, so that the sets hold the model's fastest at every budget. On a longer
+    front, a grid: each next bound just below the last set's model peak, or 1/_SWEEP of
+    the range lower if that is lower still, which visits every point where the points
+    lie at least that far apart. At most 2 * _SWEEP + 3 runs of least_time.
+    """
     floor, least = least_peak(chain, upper)
     stages = tuple(range(1, chain.n + 1))
     everything = Selection(stages, frozenset(stages))
-    bound = chain.model_peak(everything.checkpoints, everything.stored)
-    step = max(1, -(-(bound - floor) // _SWEEP))  # rounded up: at most _SWEEP + 1 steps
-    found = [least, everything]
-    while bound >= floor:
+    top = chain.model_peak(everything.checkpoints, everything.stored)
+    front = _descend(chain, upper, top, floor, 1)
+    if len(front) > _SWEEP + 1:
+        grid = max(1, -(-(top - floor) // _SWEEP))  # rounded up: at most _SWEEP + 1 bounds
+        front = _descend(chain, upper, top, floor, grid)
+    return list(dict.fromkeys([least, everything, *front]))
+
+
+def _descend(
+    chain: Chain, upper: list[list[int]], bound: int, floor: int, step: int
+) -> list[Selection]:
+    """The fastest set within each model bound from `bound` down to `floor`: each next
+    bound just below the last set's model peak, or `step` lower if that is lower still
+    (step 1: every point of the front). It stops at _SWEEP + 2 sets, one more than the
+    sweep keeps, which tells a longer front."""
+    found: list[Selection] = []
+    while bound >= floor and len(found) <= _SWEEP + 1:
         fastest = least_time(chain, upper, bound)
         if fastest is None:
             break
@@ -174,7 +191,7 @@ def sweep(chain: Chain, upper: list[list[int]]) -> list[Selection]:
         found.append(selection)
         peak = chain.model_peak(selection.checkpoints, selection.stored)
         bound = min(peak - 1, bound - step)
-    return list(dict.fromkeys(found))
+    return found
 
 
 def linear_checkpoints(chain: Chain, cap: int) -> list[int]:
