@@ -31,6 +31,8 @@ bench: $(BIN)/memplan
 	$(BIN)/python -m benchmarks.training_loop
 	$(BIN)/python -m benchmarks.inductor_peaks
 	$(BIN)/python -m benchmarks.models
+	$(BIN)/python -m benchmarks.roofline
+	$(BIN)/python -m benchmarks.fit
 
 clean:
 	rm -rf $(VENV) out

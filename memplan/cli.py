@@ -295,9 +295,10 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
     # Check everything cheap before loading torch and tracing the model.
     budget = Budget.parse(args.budget)
     solvers.check_known(args.solver)
-    if (args.model is None) == (args.hf_config is None):
-        raise MemplanError("give a MODEL file or --hf-config, not both or neither")
-    if args.hf_config is not None:
+    given = [x for x in (args.model, args.hf_config, args.builder) if x is not None]
+    if len(given) != 1:
+        raise MemplanError("give one of a MODEL file, --hf-config or --builder")
+    if args.model is None:
         return plan_config(args, budget, console)
     check_outputs([args.model], [args.output, args.png])
     from memplan import api

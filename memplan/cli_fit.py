@@ -27,12 +27,18 @@ if TYPE_CHECKING:
 
 def add_fit_options(plan: argparse.ArgumentParser) -> None:
     """The options of planning a config on fake tensors for a target device."""
-    fit = plan.add_argument_group("will it fit? (a transformers config, on fake tensors)")
+    fit = plan.add_argument_group("will it fit? (a model built on fake tensors)")
     fit.add_argument(
         "--hf-config",
         metavar="PATH_OR_ID",
         help="a transformers config.json, its folder, or a model id cached locally (never "
-        "downloaded); plans instead of MODEL",
+        "downloaded): its causal LM, planned instead of MODEL",
+    )
+    fit.add_argument(
+        "--builder",
+        metavar="MODULE:FUNCTION",
+        help="or a function taking batch=N that returns a memplan.tools.zoo.Example or "
+        "(model, inputs) (or a zoo model's name), run on fake tensors",
     )
     fit.add_argument(
         "--batch", type=positive_int, default=1, help="sequences per step (default: 1)"
@@ -74,19 +80,20 @@ def add_fit_options(plan: argparse.ArgumentParser) -> None:
 
 
 def plan_config(args: argparse.Namespace, budget: Budget, console: Console) -> int:
-    """`memplan plan --hf-config`: the step's peak and its parts, the plan for the budget
-    and optionally the largest batch; exit status 1 where nothing fits."""
-    if args.seq is None:
+    """`memplan plan --hf-config` (or --builder): the step's peak and its parts, the plan
+    for the budget and optionally the largest batch; exit status 1 where nothing fits."""
+    given = "--hf-config" if args.hf_config is not None else "--builder"
+    if args.hf_config is not None and args.seq is None:
         raise MemplanError("--hf-config needs --seq, the tokens per sequence")
     if (args.target is None) == (args.device_spec is None):
-        raise MemplanError("--hf-config needs --target NAME or --device-spec FILE (one of them)")
+        raise MemplanError(f"{given} needs --target NAME or --device-spec FILE (one of them)")
     if args.verify or args.allow_pickle:
-        raise MemplanError("--verify and --allow-pickle need a MODEL file, not --hf-config")
+        raise MemplanError(f"--verify and --allow-pickle need a MODEL file, not {given}")
     if args.max_batch and budget.bytes is None:
         raise MemplanError("--max-batch needs a budget in bytes ('70GiB'), not a share")
     spec = target(args.target) if args.target else load_spec(args.device_spec)
     check_outputs([], [args.output, args.png])
-    from memplan.tools.fake_model import causal_lm
+    from memplan.tools.fake_model import causal_lm, from_builder
     from memplan.tools.fit import fit, largest_batch, ranks_needed
 
     options = PlanOptions(
@@ -102,8 +109,10 @@ def plan_config(args: argparse.Namespace, budget: Budget, console: Console) -> i
         layout=args.layout,
     )
 
-    def build(batch: int) -> Example:
+    def from_config(batch: int) -> Example:
         return causal_lm(args.hf_config, batch=batch, seq=args.seq, dtype=args.dtype)
+
+    build = from_config if args.hf_config is not None else from_builder(args.builder)
 
     settings = {"optimizer": args.optimizer, "ranks": args.ranks}
     with warnings.catch_warnings():
@@ -132,7 +141,8 @@ def plan_config(args: argparse.Namespace, budget: Budget, console: Console) -> i
         console.print(f"largest batch that fits {format_bytes(found.budget)}: {largest}")
     if found.plan is None:
         return EXIT_CHECK_FAILED
-    plan = dataclasses.replace(found.plan, name=Path(args.hf_config).stem)
+    name = Path(args.hf_config).stem if args.hf_config is not None else args.builder
+    plan = dataclasses.replace(found.plan, name=name)
     outputs: list[tuple[Path, Callable[[Path], object]]] = [(args.output, plan.save)]
     if args.png is not None:
         outputs.append((args.png, lambda at: plot_timeline(plan, at)))

@@ -76,3 +76,16 @@ def test_a_bfloat16_matmul_runs_at_the_bfloat16_peak():
     flops = 2 * 4096**3
     assert times[torch.float32] == pytest.approx(flops / 67e12)
     assert times[torch.bfloat16] == pytest.approx(flops / 989.4e12)
+
+
+def test_the_cpus_fused_attention_is_costed_by_its_arithmetic():
+    """torch's FLOP counter has no formula for the CPU's fused attention: the roofline
+    gives it the GPU flash attention's (4 b h s^2 d forward), so that a model traced on
+    CPU for a GPU does not cost its attention as if it did no arithmetic."""
+    spec = target("h100")
+    q = torch.randn(1, 32, 4096, 128, dtype=torch.bfloat16)
+    attention = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    gm = make_fx(lambda q: attention(q, q, q, 0.0, True)[0], tracing_mode="fake")(q)
+    (node,) = [n for n in gm.graph.nodes if n.target is attention]
+    flops = 4 * 32 * 4096**2 * 128
+    assert roofline_seconds(node, spec) == pytest.approx(flops / 989.4e12 + spec.launch_overhead)

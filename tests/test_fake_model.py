@@ -14,7 +14,7 @@ import memplan
 from memplan.devices import target
 from memplan.errors import MemplanWarning
 from memplan.tools.fake_model import ConfigError, causal_lm
-from memplan.tools.zoo import Example, LossOf
+from memplan.tools.zoo import Example
 
 GPT2 = {
     "model_type": "gpt2", "vocab_size": 512, "n_positions": 64, "n_embd": 64, "n_layer": 2,
@@ -31,12 +31,8 @@ def config(tmp_path):
 
 
 def real_model(path, batch: int, seq: int) -> Example:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    cfg = AutoConfig.from_pretrained(str(path))
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").train()
-    ids = torch.randint(0, cfg.vocab_size, (batch, seq))
-    return Example("real", LossOf(model, ("input_ids", "labels")), (ids, ids))
+    """The same model built for real, outside fake tensors."""
+    return causal_lm(path, batch=batch, seq=seq, fake=False)
 
 
 def planned(example: Example, budget: str) -> memplan.Plan:

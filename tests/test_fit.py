@@ -209,3 +209,29 @@ def test_a_config_that_cannot_be_read_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("memplan: error:") and "cannot read the config" in err
     assert len(err.splitlines()) == 1
+
+
+def needs_data(batch: int):
+    """A builder that reads a tensor's value, which fake tensors do not have."""
+    import torch
+
+    scale = int(torch.ones(1).sum().item())
+    return torch.nn.Linear(4 * scale, 4), (torch.ones(batch, 4),)
+
+
+def test_a_builder_is_planned_on_fake_tensors(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    argv = ["plan", "--builder", "mlp", "--target", "l4", "--budget", "1GiB", "-o", str(out)]
+    assert main(argv) == 0
+    assert "fits" in capsys.readouterr().out
+    assert memplan.Plan.load(out).name == "mlp"
+
+
+def test_a_builder_that_needs_data_and_two_models_are_one_line_errors(tmp_path, capsys):
+    argv = ["plan", "--builder", "test_fit:needs_data", "--target", "h100", "--budget", "1GiB"]
+    assert main([*argv, "-o", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "cannot build it on fake tensors" in err and len(err.splitlines()) == 1
+    argv = ["plan", "m.pt2", "--builder", "mlp", "--target", "h100", "--budget", "1GiB"]
+    assert main([*argv, "-o", str(tmp_path / "p.json")]) == 2
+    assert "give one of a MODEL file, --hf-config or --builder" in capsys.readouterr().err

@@ -151,3 +151,11 @@ def test_gpu_specs_come_from_the_name_table(monkeypatch):
     assert device_spec(torch.device("cuda")) == devices.UNKNOWN_GPU  # not an L4
     monkeypatch.setattr(roofline, "device_name", lambda device: "NVIDIA A100-SXM4-40GB")
     assert device_spec(torch.device("cuda")) == devices.UNKNOWN_GPU  # not the 80GB card
+
+
+def test_an_unsafe_view_copies_nothing_in_the_roofline():
+    gm = make_fx(lambda x: torch.ops.aten._unsafe_view(x, (-1,)), tracing_mode="fake")(
+        torch.randn(1024, 1024)
+    )
+    (view,) = _tensor_work(gm)
+    assert roofline_seconds(view, device_spec(CPU)) == device_spec(CPU).launch_overhead

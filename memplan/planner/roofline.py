@@ -9,11 +9,12 @@ has the table and how it was measured), and ops of no known family get the large
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import fx
 from torch.utils._pytree import tree_leaves, tree_map
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from memplan import devices
 from memplan.devices import DeviceSpec
@@ -34,7 +35,7 @@ def roofline_seconds(node: fx.Node, spec: DeviceSpec) -> float:
     FLOPs are counted for matrix math (matmuls, convolutions, attention), whose peak is
     that of the dtype of the node's first tensor output."""
     args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
-    counter = FlopCounterMode(display=False)
+    counter = FlopCounterMode(display=False, custom_mapping=MORE_FLOP_FORMULAS)
     try:
         with counter:
             node.target(*tree_map(to_meta, args), **tree_map(to_meta, kwargs))
@@ -43,12 +44,34 @@ def roofline_seconds(node: fx.Node, spec: DeviceSpec) -> float:
         # Some ops have no meta kernel or need real data (nonzero, item): bytes only.
         flops = 0
     # A view reads and writes nothing; any other op reads its inputs and writes its outputs.
-    is_view = getattr(node.target, "is_view", False)
+    is_view = getattr(node.target, "is_view", False) or node.target in _VIEWS_NOT_MARKED
     moved = 0 if is_view else _nbytes((args, kwargs, node.meta.get("val")))
     outputs = [v for v in tree_leaves(node.meta.get("val")) if isinstance(v, torch.Tensor)]
     dtype = str(outputs[0].dtype).removeprefix("torch.") if outputs else "float32"
     peak = spec.matmul_flops(dtype)
     return max(flops / peak, moved / spec.bandwidth) + spec.launch_overhead
+
+
+def _attention_flops(query: Any, key: Any, value: Any, *_: Any, **__: Any) -> int:
+    return sdpa_flop_count(query, key, value)
+
+
+def _attention_backward_flops(
+    grad: Any, query: Any, key: Any, value: Any, *_: Any, **__: Any
+) -> int:
+    return sdpa_backward_flop_count(grad, query, key, value)
+
+
+aten = torch.ops.aten
+# Ops torch's FLOP counter has no formula for: the CPU's fused attention, whose arithmetic
+# is that of the GPU's flash attention (the same formulas, given shapes); without them a
+# model traced on CPU for a GPU would have its attention costed as if it did none.
+MORE_FLOP_FORMULAS = {
+    aten._scaled_dot_product_flash_attention_for_cpu: _attention_flops,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward: _attention_backward_flops,
+}
+# Views that do not say so (`is_view` false) but copy nothing.
+_VIEWS_NOT_MARKED = frozenset({aten._unsafe_view.default})
 
 
 def to_meta(v: object) -> object:
@@ -64,7 +87,6 @@ def _nbytes(tree: object) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-aten = torch.ops.aten
 # Op families and their bounds on a node's transient bytes, in terms of the bytes of its
 # tensor inputs and outputs (io). Each bound is at least the largest transient measured
 # on the zoo models on CPU (`python -m benchmarks.transients`, docs/measurement.md);

@@ -5,6 +5,11 @@ there estimate the cheapest way to release it between forward and backward: reco
 (the time of the chain that must run again) or offload (the transfer time that does not
 hide under compute); apply the lowest cost per byte, keep it if the peak did not rise.
 Stops when the peak fits the budget or nothing live at the peak can be released.
+
+On big graphs (from BULK_FROM nodes: a real-size model of repeated layers), a release
+also releases the storages alike to it in other blocks (solvers/repeats.py), as many as
+the gap to the budget can use: one simulation instead of one per layer while the peak is
+far above the budget, one storage at a time close to it.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from memplan.graph import Decision, Graph, SolveResult
 from memplan.simulate import MemoryTrace
 from memplan.solvers import SolverOptions, require_problem
 from memplan.solvers.baselines import sqrt_decisions
+from memplan.solvers.repeats import classes
 from memplan.solvers.result import judged
 from memplan.solvers.training import (
     decider,
@@ -31,6 +37,9 @@ from memplan.solvers.training import (
 # Storages live at the peak that are scored per round, largest first: bounds the work
 # per round on big graphs, where the largest storages are the ones worth releasing.
 _CANDIDATES_PER_ROUND = 64
+# From this many nodes, alike storages are released together (see the module). Below it a
+# descent's path does not depend on the budget, which makes the peak monotone in it.
+BULK_FROM = 3000
 
 
 def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResult:
@@ -43,9 +52,11 @@ def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResu
     too: cheap releases can strand the peak where only costly ones remain, and which of
     the two orders gets lower depends on the profiled times.
 
-    A descent's path does not depend on the budget (it only stops sooner for a larger
-    one), and each release adds time, so choosing among every state passed through makes
-    the peak monotone in the budget: a lower budget never gives a higher peak.
+    Below BULK_FROM nodes, a descent's path does not depend on the budget (it only stops
+    sooner for a larger one), and each release adds time, so choosing among every state
+    passed through makes the peak monotone in the budget: a lower budget never gives a
+    higher peak. From BULK_FROM on, how many alike storages a release takes depends on the
+    gap to the budget, and that guarantee is traded for speed.
     """
     require_problem("greedy", options, "training")
     started = time.perf_counter()
@@ -108,6 +119,7 @@ def _descend(
     """Release the cheapest storage live at the peak until the peak is within `target`."""
     groups = saved_storages(graph)
     window = hiding_windows(graph) if options.bandwidth else {}
+    twins = classes(graph, list(groups)) if len(graph) >= BULK_FROM else {}
     decisions = dict(start)
     _, trace = simulate_decisions(graph, decisions, options.bandwidth)
     run = _Run([_State(trace.time, trace.peak, dict(decisions))], timed_out=False)
@@ -121,17 +133,75 @@ def _descend(
             break
         owner, changes = move
         tried.add(owner)
-        proposal = {**decisions, **changes}
-        try:
-            _, new_trace = simulate_decisions(graph, proposal, options.bandwidth)
-        except InvalidSchedule:
+        alike = _alike_releases(
+            graph, owner, changes, twins, groups, decisions, trace.peak - target
+        )
+        tries = [{**changes, **alike}, changes] if alike else [changes]
+        found = _first_accepted(graph, decisions, tries, trace.peak, options)
+        if found is None:
             continue
+        proposal, new_trace = found
         if new_trace.peak <= trace.peak:
             decisions, trace = proposal, new_trace
             run.states.append(_State(trace.time, trace.peak, dict(decisions)))
             # A release that raised the peak before may not now: the peak has moved.
             tried = {o for o in tried if not _all_kept(groups[o], decisions)}
     return run
+
+
+def _first_accepted(
+    graph: Graph,
+    decisions: dict[int, Decision],
+    tries: list[dict[int, Decision]],
+    peak: int,
+    options: SolverOptions,
+) -> tuple[dict[int, Decision], MemoryTrace] | None:
+    """The first of `tries` (changes to `decisions`) that makes a valid schedule peaking
+    at most at `peak`, with its trace; else the last valid one's (which the caller
+    rejects), or None where none is valid."""
+    found = None
+    for changes in tries:
+        proposal = {**decisions, **changes}
+        try:
+            _, trace = simulate_decisions(graph, proposal, options.bandwidth)
+        except InvalidSchedule:
+            continue
+        found = (proposal, trace)
+        if trace.peak <= peak:
+            break
+    return found
+
+
+def _alike_releases(
+    graph: Graph,
+    owner: int,
+    changes: dict[int, Decision],
+    twins: dict[int, list[int]],
+    groups: dict[int, list[int]],
+    decisions: dict[int, Decision],
+    gap: int,
+) -> dict[int, Decision]:
+    """The same release as `changes` (of `owner`) for the storages alike to it, still
+    wholly kept, in order: as many as, with `owner`'s, could close a `gap` of bytes."""
+    size = max(graph[owner].bytes, 1)
+    room = -(-gap // size) - 1  # storages beyond owner's that the gap can use
+    offloads = changes.get(owner) is Decision.OFFLOAD
+    alike: dict[int, Decision] = {}
+    for twin in twins.get(owner, []):
+        if room <= 0:
+            break
+        if twin == owner or not _all_kept(groups[twin], decisions):
+            continue
+        if offloads and not graph[twin].offloadable:
+            continue
+        for v in groups[twin]:
+            alike[v] = Decision.OFFLOAD if offloads and v == twin else Decision.RECOMPUTE
+        room -= 1
+    return alike
+
+
+def _all_released(members: list[int], decisions: dict[int, Decision]) -> bool:
+    return all(decisions.get(v) is not Decision.KEEP for v in members)
 
 
 def _all_kept(members: list[int], decisions: dict[int, Decision]) -> bool:
@@ -164,8 +234,14 @@ def _cheapest_release(
     decisions that release it."""
     decision = decider(graph, decisions)
     live_owners = {graph.storage_owner[v] for v in trace.live_at_peak}
+    # An owner already released can be live at the peak (a recomputed copy in the
+    # backward): nothing of it is left to release, and trying it would cost a simulation.
     owners = sorted(
-        (o for o in live_owners if o in groups and o not in tried),
+        (
+            o
+            for o in live_owners
+            if o in groups and o not in tried and not _all_released(groups[o], decisions)
+        ),
         key=lambda o: (-graph[o].bytes, o),
     )[:_CANDIDATES_PER_ROUND]
     best: tuple[tuple[float, float], int, dict[int, Decision]] | None = None

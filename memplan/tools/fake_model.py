@@ -13,6 +13,8 @@ its log-sum-exp), not always in layout.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -20,6 +22,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memplan.errors import MemplanError, first_line
+from memplan.tools.maxbatch import builder
 from memplan.tools.zoo import Example, LossOf
 from memplan.training_state import DTYPE_NAMES
 
@@ -31,10 +34,14 @@ class ConfigError(MemplanError, ValueError):
     """A config that cannot be read or built into a model, or settings it cannot take."""
 
 
-def causal_lm(config_path: str | Path, *, batch: int, seq: int, dtype: str = "fp32") -> Example:
+def causal_lm(
+    config_path: str | Path, *, batch: int, seq: int, dtype: str = "fp32", fake: bool = True
+) -> Example:
     """The causal LM of a transformers config file (config.json), on fake tensors, whose
     forward returns the loss of next-token prediction on `batch` x `seq` token ids. Nothing
-    is downloaded or allocated; ConfigError (one line) where it cannot be built."""
+    is downloaded or allocated; ConfigError (one line) where it cannot be built. With
+    `fake=False` the same model is built for real (random weights), to check a fake plan
+    against the allocator where the model fits."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if dtype not in DTYPES:
@@ -53,7 +60,7 @@ def causal_lm(config_path: str | Path, *, batch: int, seq: int, dtype: str = "fp
     # use_cache stays as the config says: off, transformers reads the position ids'
     # values to look for packed sequences, which fake tensors cannot give; on, the cache
     # holds nothing the traced step keeps (the zoo's models train with it on too).
-    with FakeTensorMode():
+    with FakeTensorMode() if fake else contextlib.nullcontext():
         try:
             model = AutoModelForCausalLM.from_config(
                 config, dtype=DTYPES[dtype], attn_implementation="sdpa"
@@ -67,9 +74,8 @@ def causal_lm(config_path: str | Path, *, batch: int, seq: int, dtype: str = "fp
     # Named, not left for transformers to pick with a logged warning (as the zoo does).
     model.loss_type = "ForCausalLM"
     _no_dropout(model)
-    return Example(
-        f"{config.model_type} (fake)", LossOf(model, ("input_ids", "labels")), (ids, ids)
-    )
+    name = f"{config.model_type} (fake)" if fake else config.model_type
+    return Example(name, LossOf(model, ("input_ids", "labels")), (ids, ids))
 
 
 def _no_dropout(model: nn.Module) -> None:
@@ -78,3 +84,24 @@ def _no_dropout(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, nn.Dropout):
             module.p = 0.0
+
+
+def from_builder(spec: str) -> Callable[[int], Example]:
+    """The model `spec` names (a memplan.tools.zoo model, or MODULE:FUNCTION taking
+    batch=N, as `memplan maxbatch` takes them) for a batch size, built on fake tensors;
+    ConfigError (one line) where it cannot be built so."""
+    build = builder(spec)
+
+    def fake(batch: int) -> Example:
+        with FakeTensorMode():
+            try:
+                model, inputs = build(batch)
+            except MemplanError:
+                raise
+            except Exception as error:  # the user's code, run on tensors without data
+                raise ConfigError(
+                    f"{spec}: cannot build it on fake tensors: {first_line(error)}"
+                ) from None
+        return Example(f"{spec} (fake)", model.train(), inputs)
+
+    return fake
