@@ -14,6 +14,7 @@ far above the budget, one storage at a time close to it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -50,7 +51,9 @@ def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResu
     Each descent releases storages cheapest per byte first. Where that does not reach the
     budget (or when minimizing), descents that release the largest storages first run
     too: cheap releases can strand the peak where only costly ones remain, and which of
-    the two orders gets lower depends on the profiled times.
+    the two orders gets lower depends on the profiled times. With a host link (offloading
+    allowed) and a budget, the cost-per-byte descents also run without offloads, whose
+    estimated cost can be too low when many share the link.
 
     Below BULK_FROM nodes, a descent's path does not depend on the budget (it only stops
     sooner for a larger one), and each release adds time, so choosing among every state
@@ -65,6 +68,14 @@ def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResu
     starts = [{v: Decision.KEEP for v in graph.saved_candidates}, sqrt_decisions(graph)]
     orders = [_cost_per_byte] + ([_largest_first] if budget is None else [])
     runs = [_descend(graph, s, target, deadline, options, o) for o in orders for s in starts]
+    if options.bandwidth and budget is not None:
+        # Offloads estimated to hide under compute may not, once many share the host
+        # link: descents that only recompute run too, so that within a budget allowing
+        # offload never ends slower than not.
+        recompute_only = dataclasses.replace(options, bandwidth=None)
+        runs += [
+            _descend(graph, s, target, deadline, recompute_only, _cost_per_byte) for s in starts
+        ]
     if budget is not None and all(r.least.peak > budget for r in runs):
         runs += [_descend(graph, s, target, deadline, options, _largest_first) for s in starts]
     passed = [state for run in runs for state in run.states]
