@@ -34,6 +34,7 @@ from memplan.solvers.cpsat_model import (
     make_solver,
     start_order,
 )
+from memplan.solvers.paging_pass import page_recomputations
 
 if TYPE_CHECKING:
     from ortools.sat.python import cp_model
@@ -42,8 +43,13 @@ if TYPE_CHECKING:
 # Times are scaled so that the longest computation or transfer is about this many units,
 # and rounded up: a schedule's makespan in the model is then never below its true time.
 TIME_UNITS = 1 << 12
-# The share of the time limit Moccasin's model without paging gets first.
+# The share of the time limit Moccasin's model without paging gets first, and the share
+# the paging pass over its schedule may take after it. From cpsat_remat.WINDOWS_FROM
+# nodes (with a budget), where the paging model finds nothing in useful time, the remat
+# search gets LARGE_REMAT_SHARE and the pass the rest.
 REMAT_SHARE = 0.3
+PASS_SHARE = 0.1
+LARGE_REMAT_SHARE = 0.6
 
 
 @dataclass(frozen=True)
@@ -108,7 +114,10 @@ def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResu
     paging over a host link of options.bandwidth bytes per time unit.
 
     First Moccasin's model without paging (memplan/solvers/cpsat_remat.py) runs for a share of
-    the time limit. Where its schedule fits, it is the starting point; otherwise phase 1
+    the time limit. Where its schedule fits, the paging pass (solvers/paging_pass.py)
+    replaces recomputations in it by transfers where that is faster, and on graphs of
+    cpsat_remat.WINDOWS_FROM nodes or more that is the answer. Otherwise, where the remat
+    schedule fits, it is the starting point; where it does not, phase 1
     minimizes max(peak, budget) here (for budget None, the peak itself), hinted
     with the least-peak sequence found. Phase 2 minimizes the step time within the
     capacity reached, hinted with the starting point. Every schedule is simulated, and
@@ -127,12 +136,21 @@ def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResu
     times = _Times.of(graph, options.bandwidth)
     best = _Best(graph, options, budget)
 
+    large = budget is not None and len(graph) >= cpsat_remat.WINDOWS_FROM
+    share = LARGE_REMAT_SHARE if large else REMAT_SHARE
     remat_options = dataclasses.replace(
-        options, bandwidth=None, time_limit=options.time_limit * REMAT_SHARE
+        options, bandwidth=None, time_limit=options.time_limit * share
     )
     remat = cpsat_remat.solve(graph, budget, remat_options)
     best.offer(remat.schedule)
     fits = remat.status in ("optimal", "feasible") and budget is not None
+    if fits and remat.schedule is not None:
+        assert budget is not None
+        until = deadline if large else started + options.time_limit * (share + PASS_SHARE)
+        paged = page_recomputations(graph, remat.schedule, budget, options.bandwidth, until)
+        best.offer(paged)
+    if large:  # the paging model does not solve at this size: the pass is the paging
+        return _answer(best, budget, options, started, scale)
     start = remat.schedule.computes() if remat.schedule is not None else start_order(graph)
     hints: dict[int, int] = {}  # the last solution's values by variable index, once known
 
@@ -163,6 +181,13 @@ def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResu
     solver2 = make_solver(deadline, options)
     if solver2.solve(second.model) in (cp.OPTIMAL, cp.FEASIBLE):
         best.offer(_decode(second, solver2, graph))
+    return _answer(best, budget, options, started, scale)
+
+
+def _answer(
+    best: _Best, budget: int | None, options: SolverOptions, started: float, scale: Scale
+) -> SolveResult:
+    """The best schedule offered, as the solve's result."""
     within = budget is None or (best.trace is not None and best.trace.peak <= budget)
     if best.schedule is None or best.trace is None or not within:
         return _unreached(best, budget, options, started, scale, proved=False)
