@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import resource
 import subprocess
 import sys
@@ -23,10 +22,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from rich.progress import track
 
 import memplan
+from benchmarks.layout import machine
 from benchmarks.pages import write_section
 from memplan.budget import Budget
 from memplan.devices import target
@@ -126,21 +125,11 @@ def real_check() -> dict[str, Any]:
     }
 
 
-def machine() -> dict[str, Any]:
-    return {
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "date": time.strftime("%Y-%m-%d"),
-    }
-
-
 def page(results: dict[str, Any]) -> str:
     """The markdown section of docs/fit.md."""
     where = results["machine"]
     lines = [
-        f"Measured on {where['cpu']} ({where['cpu_threads']} threads), torch {where['torch']}, "
+        f"Measured on {where['cpu']} ({where['cpu_cores']} cores), torch {where['torch']}, "
         f"{where['date']}, by `python -m benchmarks.fit`; each case in a fresh process, "
         "planned for an H100 (roofline times) with AdamW; bf16 adds fp32 master weights "
         "and grads. A share is of the whole step's unplanned peak. Wall time is the whole "

@@ -55,25 +55,31 @@ def page_recomputations(
             recomputed.append(event)
         seen.add(event.node)
     recomputed.sort(key=lambda e: -graph[e.node].time)
+    clock = _clock_by_event(graph, events, best[1])
     for target in recomputed:
         if time.perf_counter() > deadline:
             break
         if not any(e is target for e in events):
             continue  # dropped with an earlier change
-        for edited in _paged(graph, events, target, best[1], bandwidth):
+        for edited in _paged(graph, events, target, clock, bandwidth):
             judged = _judge(graph, edited, budget, bandwidth)
             if judged is not None and judged[1].time < best[1].time:
                 events, best = edited, judged
+                clock = _clock_by_event(graph, events, best[1])
                 break
     return best[0]
 
 
 def _paged(
-    graph: Graph, events: list[_Event], target: _Event, trace: MemoryTrace, bandwidth: float
+    graph: Graph,
+    events: list[_Event],
+    target: _Event,
+    clock: dict[_Event, float],
+    bandwidth: float,
 ) -> list[list[_Event]]:
     """`events` with the recomputation `target` replaced by a page-in (and a page-out
     after the copy before it, where the host has none yet), timed by the current
-    schedule's `trace`: the page-in started where it lands in time, then later ones that
+    schedule's `clock`: the page-in started where it lands in time, then later ones that
     hold its bytes for less and stall instead (at most PLACEMENTS); none where no earlier
     copy exists."""
     v = target.node
@@ -91,7 +97,6 @@ def _paged(
         at += 1
     # The latest start that lands in time: the compute time between it and the wait at
     # least the transfer's.
-    clock = _clock_by_event(graph, events, trace)
     needed = graph[v].bytes / bandwidth
     ready = clock[target] - graph[v].time  # when the recomputation started
     on_time = at
