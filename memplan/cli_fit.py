@@ -115,7 +115,7 @@ def plan_config(args: argparse.Namespace, budget: Budget, console: Console) -> i
     build = from_config if args.hf_config is not None else from_builder(args.builder)
 
     settings = {"optimizer": args.optimizer, "ranks": args.ranks}
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), console.status(f"tracing and planning for {spec.name}"):
         warnings.simplefilter("ignore", MemplanWarning)  # every time is a roofline estimate
         found = fit(build(args.batch), budget, options, **settings)
     console.print(fit_table(found))
