@@ -235,3 +235,20 @@ def test_a_builder_that_needs_data_and_two_models_are_one_line_errors(tmp_path, 
     argv = ["plan", "m.pt2", "--builder", "mlp", "--target", "h100", "--budget", "1GiB"]
     assert main([*argv, "-o", str(tmp_path / "p.json")]) == 2
     assert "give one of a MODEL file, --hf-config or --builder" in capsys.readouterr().err
+
+
+def test_the_largest_fsdp_unit_is_a_block_or_the_root_with_the_rest():
+    import torch
+    from torch import nn
+
+    class Decoder(nn.Module):
+        def __init__(self, vocabulary: int) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(vocabulary, 8)  # in the root's unit
+            self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))  # 72 params each
+
+    small, large = (training_state(Decoder(v), "adamw", 4) for v in (4, 100))
+    assert small.largest_unit == 72 * 4  # a layer: larger than 4 x 8 embeddings
+    assert large.largest_unit == 800 * 4  # the root: 100 x 8 embeddings
+    assert small.parameters == 32 + 3 * 72 and not small.mixed_precision
+    assert training_state(Decoder(4).to(torch.bfloat16), "sgd", 1).mixed_precision

@@ -73,16 +73,17 @@ class _NoPlanCanFit(Exception):
 
 def training_state(model: nn.Module, optimizer: str, ranks: int) -> TrainingState:
     """The state a step of `model` holds outside its graph: from its trainable parameters,
-    whose dtype says whether fp32 master copies exist, and its largest FSDP unit (the
-    largest block of any nn.ModuleList, where FSDP2 is applied per block; else the whole
-    model)."""
+    whose dtype says whether fp32 master copies exist, and its largest FSDP unit. FSDP2 is
+    taken as applied the usual way: to each block of every nn.ModuleList (a transformer's
+    layers) and to the root, whose unit holds every parameter outside those blocks (the
+    embeddings and the output head)."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     if not trainable:
         raise MemplanError(f"{type(model).__name__} has no trainable parameters")
     blocks = [b for m in model.modules() if isinstance(m, nn.ModuleList) for b in m]
-    units = [sum(p.nbytes for p in b.parameters()) for b in blocks] or [
-        sum(p.nbytes for p in trainable)
-    ]
+    in_blocks = {id(p) for b in blocks for p in b.parameters() if p.requires_grad}
+    root = sum(p.nbytes for p in trainable if id(p) not in in_blocks)
+    units = [root, *(sum(p.nbytes for p in b.parameters() if p.requires_grad) for b in blocks)]
     return TrainingState(
         parameters=sum(p.numel() for p in trainable),
         optimizer=optimizer,
