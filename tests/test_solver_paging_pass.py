@@ -63,3 +63,20 @@ def test_the_pass_never_returns_an_invalid_or_slower_schedule(case, bandwidth):
     assert after.time <= before.time
     assert set(paged.computes()) == set(sequence)  # every node still computed
     assert len(paged.computes()) <= len(sequence)
+
+
+def test_cpsat_with_paging_uses_the_pass_where_the_window_search_solves(monkeypatch):
+    """On graphs the window search solves (here made so from 1 node), cpsat with a host
+    link does not build the paging model: the pass over the remat schedule is the paging."""
+    from memplan.solvers import SolverOptions, cpsat, cpsat_paging, cpsat_remat
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the paging model was built")
+
+    monkeypatch.setattr(cpsat_remat, "WINDOWS_FROM", 1)
+    monkeypatch.setattr(cpsat_paging, "_build", no_model)
+    graph = expensive_then_reused()
+    options = SolverOptions(problem="general", bandwidth=100.0, time_limit=10)
+    result = cpsat.solve(graph, 21, options)
+    assert result.status == "feasible" and Prefetch(0) in result.schedule.steps
+    assert simulate(graph, result.schedule, bandwidth=100.0, budget=21).time < 24.0

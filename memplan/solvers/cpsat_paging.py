@@ -136,7 +136,7 @@ def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResu
     times = _Times.of(graph, options.bandwidth)
     best = _Best(graph, options, budget)
 
-    large = budget is not None and len(graph) >= cpsat_remat.WINDOWS_FROM
+    large = cpsat_remat.uses_windows(graph, budget)
     share = LARGE_REMAT_SHARE if large else REMAT_SHARE
     remat_options = dataclasses.replace(
         options, bandwidth=None, time_limit=options.time_limit * share
@@ -150,7 +150,7 @@ def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResu
         paged = page_recomputations(graph, remat.schedule, budget, options.bandwidth, until)
         best.offer(paged)
     if large:  # the paging model does not solve at this size: the pass is the paging
-        return _answer(best, budget, options, started, scale)
+        return _answer(best, budget, options, started, scale, remat.status == "infeasible")
     start = remat.schedule.computes() if remat.schedule is not None else start_order(graph)
     hints: dict[int, int] = {}  # the last solution's values by variable index, once known
 
@@ -185,12 +185,19 @@ def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResu
 
 
 def _answer(
-    best: _Best, budget: int | None, options: SolverOptions, started: float, scale: Scale
+    best: _Best,
+    budget: int | None,
+    options: SolverOptions,
+    started: float,
+    scale: Scale,
+    proved: bool = False,
 ) -> SolveResult:
-    """The best schedule offered, as the solve's result."""
-    within = budget is None or (best.trace is not None and best.trace.peak <= budget)
-    if best.schedule is None or best.trace is None or not within:
-        return _unreached(best, budget, options, started, scale, proved=False)
+    """The best schedule offered, as the solve's result; `proved` where a budget it does
+    not meet is known to be infeasible."""
+    if best.schedule is None or best.trace is None:
+        return make_result(options, started, "timeout", None, message="no schedule found in time")
+    if budget is not None and best.trace.peak > budget:
+        return _unreached(best, budget, options, started, scale, proved=proved)
     trace = best.trace
     if budget is None:
         floor_reached = trace.peak <= scale.footprint_bytes

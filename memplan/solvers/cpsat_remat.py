@@ -49,11 +49,18 @@ def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResu
     the director's sequence re-solved window by window instead."""
     check_general_graph(graph)
     started = time.perf_counter()
-    if budget is not None and len(graph) >= WINDOWS_FROM and not graph.resident_inputs:
+    if uses_windows(graph, budget):
+        assert budget is not None
         return _solve_by_windows(graph, budget, options, started)
     start = warm_start.director_sequence(graph, budget, options)
     result = _solve_remat(graph, budget, options, started, start)
     return warm_start.keep_faster(graph, result, start, budget, options)
+
+
+def uses_windows(graph: Graph, budget: int | None) -> bool:
+    """Whether `solve` re-solves the director's sequence window by window (a graph of
+    WINDOWS_FROM nodes or more, a budget, no resident inputs) instead of solving whole."""
+    return budget is not None and len(graph) >= WINDOWS_FROM and not graph.resident_inputs
 
 
 def _solve_remat(

@@ -19,11 +19,8 @@ import time
 from dataclasses import dataclass
 
 from memplan.errors import InvalidSchedule
-from memplan.graph import Compute, Graph, Offload, Prefetch, Schedule, Step, Wait, with_frees
+from memplan.graph import Compute, Free, Graph, Offload, Prefetch, Schedule, Step, Wait, with_frees
 from memplan.simulate import MemoryTrace, simulate
-
-# Page-in starts tried per recomputation: the one that lands in time, and later ones.
-PLACEMENTS = 3
 
 
 @dataclass(eq=False)
@@ -44,18 +41,19 @@ def page_recomputations(
     """`schedule` with recomputations replaced by paging where that is faster within
     `budget` over a host link of `bandwidth` bytes per time unit (see the module); the
     schedule itself where nothing is, or when `deadline` (perf_counter) passes first."""
-    events = [_Event(type(s), s.node) for s in schedule.steps if isinstance(s, Compute)]
-    best = _judge(graph, events, budget, bandwidth)
+    events = [_Event(type(s), s.node) for s in schedule.steps if not isinstance(s, Free)]
+    start = best = _judge(graph, events, budget, bandwidth)
     if best is None:
         return schedule
     seen: set[int] = set()
     recomputed = []
     for event in events:
-        if event.node in seen and graph[event.node].offloadable:
+        if event.kind is Compute and event.node in seen and graph[event.node].offloadable:
             recomputed.append(event)
-        seen.add(event.node)
+        if event.kind in (Compute, Wait):
+            seen.add(event.node)
     recomputed.sort(key=lambda e: -graph[e.node].time)
-    clock = _clock_by_event(graph, events, best[1])
+    clock = _clock_by_event(events, *best)
     for target in recomputed:
         if time.perf_counter() > deadline:
             break
@@ -65,9 +63,9 @@ def page_recomputations(
             judged = _judge(graph, edited, budget, bandwidth)
             if judged is not None and judged[1].time < best[1].time:
                 events, best = edited, judged
-                clock = _clock_by_event(graph, events, best[1])
+                clock = _clock_by_event(events, *best)
                 break
-    return best[0]
+    return schedule if best is start else best[0]
 
 
 def _paged(
@@ -79,8 +77,9 @@ def _paged(
 ) -> list[list[_Event]]:
     """`events` with the recomputation `target` replaced by a page-in (and a page-out
     after the copy before it, where the host has none yet), timed by the current
-    schedule's `clock`: the page-in started where it lands in time, then later ones that
-    hold its bytes for less and stall instead (at most PLACEMENTS); none where no earlier
+    schedule's `clock`: the page-in started where it lands in time (no earlier than the
+    old copy's last read, after which it is freed), halfway from there to the wait, and
+    at the wait, which hold its bytes for less and stall instead; none where no earlier
     copy exists."""
     v = target.node
     at = next(i for i, e in enumerate(events) if e is target)
@@ -92,17 +91,18 @@ def _paged(
         return []
     edited = list(events)
     edited[at] = _Event(Wait, v)
+    last_read = max((i for i in range(made + 1, at) if _reads(graph, events[i], v)), default=made)
     if not any(e.kind is Offload and e.node == v for e in events[:at]):
         edited.insert(made + 1, _Event(Offload, v))
-        at += 1
+        at, last_read = at + 1, last_read + 1
     # The latest start that lands in time: the compute time between it and the wait at
     # least the transfer's.
     needed = graph[v].bytes / bandwidth
     ready = clock[target] - graph[v].time  # when the recomputation started
     on_time = at
-    while on_time > made + 2 and ready - clock[edited[on_time - 1]] < needed:
+    while on_time > last_read + 1 and ready - clock[edited[on_time - 1]] < needed:
         on_time -= 1
-    starts = sorted({on_time, (on_time + at) // 2, at})[:PLACEMENTS]
+    starts = sorted({on_time, (on_time + at) // 2, at})
     return [
         _drop_unread(
             graph, [*edited[:start], _Event(Prefetch, v), *edited[start:]], set(graph[v].inputs)
@@ -111,16 +111,23 @@ def _paged(
     ]
 
 
-def _clock_by_event(graph: Graph, events: list[_Event], trace: MemoryTrace) -> dict[_Event, float]:
+def _clock_by_event(
+    events: list[_Event], schedule: Schedule, trace: MemoryTrace
+) -> dict[_Event, float]:
     """Each event's compute-stream time after it, read from the trace of its schedule
     (whose Free steps, inserted by with_frees, are skipped)."""
-    steps = with_frees(graph, (e.step() for e in events))
     clocks = [
-        c
-        for s, c in zip(steps, trace.clock, strict=True)
-        if type(s) in (Compute, Offload, Prefetch, Wait)
+        c for s, c in zip(schedule.steps, trace.clock, strict=True) if not isinstance(s, Free)
     ]
     return dict(zip(events, clocks, strict=True))
+
+
+def _reads(graph: Graph, event: _Event, v: int) -> bool:
+    """Whether `event` reads the device copy of v: a computation taking it, or its
+    page-out."""
+    return (event.kind is Compute and v in graph[event.node].inputs) or (
+        event.kind is Offload and event.node == v
+    )
 
 
 def _drop_unread(graph: Graph, events: list[_Event], suspects: set[int]) -> list[_Event]:
@@ -144,7 +151,7 @@ def _read_before_remade(graph: Graph, events: list[_Event], at: int, outputs: se
     for e in events[at + 1 :]:
         if e.node == v and e.kind in (Compute, Wait):
             return False
-        if (e.kind is Compute and v in graph[e.node].inputs) or (e.kind is Offload and e.node == v):
+        if _reads(graph, e, v):
             return True
     return v in outputs
 
