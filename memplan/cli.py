@@ -32,7 +32,7 @@ from memplan.cli_args import (
     positive_int,
     write_all,
 )
-from memplan.cli_fit import add_fit_options, plan_config
+from memplan.cli_fit import add_fit_options, check_fit_options, plan_config
 from memplan.errors import BudgetError, MemplanError, one_line
 from memplan.files import write_json_atomically
 from memplan.node_link import load_node_link
@@ -300,6 +300,7 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
         raise MemplanError("give one of a MODEL file, --hf-config or --builder")
     if args.model is None:
         return plan_config(args, budget, console)
+    check_fit_options(args)
     check_outputs([args.model], [args.output, args.png])
     from memplan import api
     from memplan.planner.model_file import load_model

@@ -40,21 +40,17 @@ def add_fit_options(plan: argparse.ArgumentParser) -> None:
         help="or a function taking batch=N that returns a memplan.tools.zoo.Example or "
         "(model, inputs) (or a zoo model's name), run on fake tensors",
     )
-    fit.add_argument(
-        "--batch", type=positive_int, default=1, help="sequences per step (default: 1)"
-    )
+    fit.add_argument("--batch", type=positive_int, help="sequences per step (default: 1)")
     fit.add_argument("--seq", type=positive_int, help="tokens per sequence (required)")
     fit.add_argument(
         "--dtype",
         choices=DTYPE_NAMES,
-        default="fp32",
         help="weights and activations; bf16 and fp16 add fp32 master weights and grads "
         "(default: fp32)",
     )
     fit.add_argument(
         "--optimizer",
         choices=OPTIMIZER_STATE,
-        default="adamw",
         help="whose state the step holds: adamw (two fp32 moments per parameter), sgd "
         "(momentum), none (default: adamw)",
     )
@@ -67,7 +63,6 @@ def add_fit_options(plan: argparse.ArgumentParser) -> None:
     fit.add_argument(
         "--ranks",
         type=positive_int,
-        default=1,
         help="FSDP2 ranks the weights, gradients and optimizer state are sharded over; the "
         "peak is per rank (default: 1, unsharded)",
     )
@@ -79,12 +74,26 @@ def add_fit_options(plan: argparse.ArgumentParser) -> None:
     )
 
 
+# The options only planning on fake tensors takes; a MODEL file is planned without them.
+FIT_ONLY = ("batch", "seq", "dtype", "optimizer", "target", "device_spec", "ranks", "max_batch")
+
+
+def check_fit_options(args: argparse.Namespace) -> None:
+    """MemplanError where an option of planning on fake tensors is given with a MODEL."""
+    given = [name for name in FIT_ONLY if getattr(args, name) not in (None, False)]
+    if given:
+        flags = ", ".join(f"--{name.replace('_', '-')}" for name in given)
+        raise MemplanError(f"{flags}: apply only with --hf-config or --builder, not a MODEL file")
+
+
 def plan_config(args: argparse.Namespace, budget: Budget, console: Console) -> int:
     """`memplan plan --hf-config` (or --builder): the step's peak and its parts, the plan
     for the budget and optionally the largest batch; exit status 1 where nothing fits."""
     given = "--hf-config" if args.hf_config is not None else "--builder"
     if args.hf_config is not None and args.seq is None:
         raise MemplanError("--hf-config needs --seq, the tokens per sequence")
+    if args.builder is not None and (args.seq is not None or args.dtype is not None):
+        raise MemplanError("--seq and --dtype apply only with --hf-config; a builder sets its own")
     if (args.target is None) == (args.device_spec is None):
         raise MemplanError(f"{given} needs --target NAME or --device-spec FILE (one of them)")
     if args.verify or args.allow_pickle:
@@ -92,7 +101,8 @@ def plan_config(args: argparse.Namespace, budget: Budget, console: Console) -> i
     if args.max_batch and budget.bytes is None:
         raise MemplanError("--max-batch needs a budget in bytes ('70GiB'), not a share")
     spec = target(args.target) if args.target else load_spec(args.device_spec)
-    check_outputs([], [args.output, args.png])
+    inputs = [p for p in (args.device_spec, args.hf_config and Path(args.hf_config)) if p]
+    check_outputs([p for p in inputs if p.is_file()], [args.output, args.png])
     from memplan.tools.fake_model import causal_lm, from_builder
     from memplan.tools.fit import fit, largest_batch, ranks_needed
 
@@ -107,20 +117,21 @@ def plan_config(args: argparse.Namespace, budget: Budget, console: Console) -> i
         bandwidth=args.bandwidth or spec.host_to_device,
         fragmentation=args.fragmentation,
         layout=args.layout,
+        convolution_copies=args.convolution_copies,
     )
 
     def from_config(batch: int) -> Example:
-        return causal_lm(args.hf_config, batch=batch, seq=args.seq, dtype=args.dtype)
+        return causal_lm(args.hf_config, batch=batch, seq=args.seq, dtype=args.dtype or "fp32")
 
     build = from_config if args.hf_config is not None else from_builder(args.builder)
 
-    settings = {"optimizer": args.optimizer, "ranks": args.ranks}
+    optimizer, ranks = args.optimizer or "adamw", args.ranks or 1
     with warnings.catch_warnings(), console.status(f"tracing and planning for {spec.name}"):
         warnings.simplefilter("ignore", MemplanWarning)  # every time is a roofline estimate
-        found = fit(build(args.batch), budget, options, **settings)
+        found = fit(build(args.batch or 1), budget, options, optimizer=optimizer, ranks=ranks)
     console.print(fit_table(found))
     console.print(fit_verdict(found))
-    if not found.fits and args.ranks == 1:
+    if not found.fits and ranks == 1:
         needed = ranks_needed(found)
         if needed is not None and needed > 1:
             console.print(
@@ -133,7 +144,8 @@ def plan_config(args: argparse.Namespace, budget: Budget, console: Console) -> i
                 build,
                 budget,
                 options,
-                **settings,
+                optimizer=optimizer,
+                ranks=ranks,
                 on_probe=lambda b, f: console.print(
                     f"  batch {b}: {'fits' if f.fits else 'does not fit'} ({f.seconds:.1f} s)"
                 ),
@@ -141,10 +153,19 @@ def plan_config(args: argparse.Namespace, budget: Budget, console: Console) -> i
         console.print(f"largest batch that fits {format_bytes(found.budget)}: {largest}")
     if found.plan is None:
         return EXIT_CHECK_FAILED
-    name = Path(args.hf_config).stem if args.hf_config is not None else args.builder
+    name = args.builder if args.hf_config is None else _config_name(args.hf_config)
     plan = dataclasses.replace(found.plan, name=name)
     outputs: list[tuple[Path, Callable[[Path], object]]] = [(args.output, plan.save)]
     if args.png is not None:
         outputs.append((args.png, lambda at: plot_timeline(plan, at)))
     write_all(outputs, console)
     return 0
+
+
+def _config_name(config: str) -> str:
+    """A plan's name for a config: a config.json's folder, a file's name without .json,
+    or the model id as given."""
+    path = Path(config)
+    if path.name == "config.json":
+        return path.parent.name or "config"
+    return path.name.removesuffix(".json") if path.exists() else config

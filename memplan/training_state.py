@@ -31,6 +31,9 @@ DTYPE_NAMES = ("fp32", "bf16", "fp16")
 OPTIMIZER_STATE = {"adamw": 8, "sgd": 4, "none": 0}
 # Mixed precision: an fp32 master weight and an fp32 gradient per parameter.
 MASTER_COPIES = 8
+# Units FSDP2 holds whole at once, in weights' bytes: two units' weights (the one running
+# and the next, prefetched) and the running unit's gradients.
+GATHERED_UNITS = 3
 
 
 @dataclass(frozen=True)
@@ -70,9 +73,11 @@ class TrainingState:
 
     @property
     def gathered(self) -> int:
-        """Sharded: the largest unit's whole weights, gathered to run it, and its whole
-        gradients before they are reduce-scattered (0 unsharded)."""
-        return 2 * self.largest_unit if self.ranks > 1 else 0
+        """Sharded: what FSDP2 holds whole beside the shards, sized by the largest unit:
+        the weights of the unit running and of the next one, gathered ahead (its default
+        prefetch), and the running unit's gradients before they are reduce-scattered
+        (0 unsharded)."""
+        return GATHERED_UNITS * self.largest_unit if self.ranks > 1 else 0
 
     @property
     def outside(self) -> int:
@@ -83,7 +88,9 @@ class TrainingState:
 def per_rank(graph: Graph, ranks: int) -> Graph:
     """The graph as one of `ranks` FSDP ranks holds it between gathers: each parameter and
     each gradient the backward returns keeps 1/ranks of its bytes (its shard, rounded up).
-    The unit being run holds its whole weights and gradients: TrainingState.gathered."""
+    The units being run hold their whole weights and gradients: TrainingState.gathered.
+    Buffers, which FSDP2 replicates, are divided too (the graph does not tell them from
+    parameters); in the decoders this is for they are a few kilobytes (rotary tables)."""
     if ranks == 1:
         return graph
     sharded = {v for v in graph.resident_inputs if graph[v].kind is NodeKind.PARAM}
@@ -135,24 +142,42 @@ def breakdown(
     `state` holds outside the graph."""
     owners = {graph.storage_owner[v] for v in trace.live_at_peak}
     weights = sum(graph[o].bytes for o in owners if graph[o].kind is NodeKind.PARAM)
-    returned = {graph.storage_owner[v] for v in graph.outputs if graph[v].is_backward}
-    grads = sum(graph[o].bytes for o in owners & returned)
-    step = schedule.steps[trace.peak_step] if schedule.steps else None
-    workspace = graph[step.node].workspace if isinstance(step, Compute) else 0
+    grads = sum(graph[o].bytes for o in owners & _returned(graph))
+    # The peak step's kernel workspace, as the simulator holds it (none before step 0).
+    step = schedule.steps[trace.peak_step] if trace.peak_step >= 0 else None
+    workspace = 0
+    if isinstance(step, Compute) and graph[step.node].kind is NodeKind.COMPUTE:
+        workspace = graph[step.node].workspace
+    return _with_state(weights, grads, trace.peak - weights - grads - workspace, workspace, state)
+
+
+def floor(graph: Graph, state: TrainingState | None = None) -> Breakdown:
+    """Bytes no schedule of the graph can go below, by part: at its last step the
+    resident inputs and every output are live at once (the weights, every gradient
+    returned, and the rest: inputs and forward outputs, as activations), with what
+    `state` holds outside the graph."""
+    owners = {graph.storage_owner[v] for v in (*graph.resident_inputs, *graph.outputs)}
+    weights = sum(graph[o].bytes for o in owners if graph[o].kind is NodeKind.PARAM)
+    grads = sum(graph[o].bytes for o in owners & _returned(graph))
+    rest = sum(graph[o].bytes for o in owners) - weights - grads
+    return _with_state(weights, grads, rest, 0, state)
+
+
+def _returned(graph: Graph) -> set[int]:
+    """The storages of the gradients the backward returns."""
+    return {graph.storage_owner[v] for v in graph.outputs if graph[v].is_backward}
+
+
+def _with_state(
+    weights: int, grads: int, activations: int, workspace: int, state: TrainingState | None
+) -> Breakdown:
     state = state or TrainingState(0, optimizer="none")
     return Breakdown(
         weights=weights,
         grads=grads,
-        activations=trace.peak - weights - grads - workspace,
+        activations=activations,
         workspace=workspace,
         optimizer_state=state.optimizer_bytes,
         master_copies=state.master_bytes,
         gathered=state.gathered,
     )
-
-
-def floor(graph: Graph) -> int:
-    """Bytes no schedule of the graph can go below: at its last step, the resident inputs
-    and every output are live at once."""
-    owners = {graph.storage_owner[v] for v in (*graph.resident_inputs, *graph.outputs)}
-    return sum(graph[o].bytes for o in owners)

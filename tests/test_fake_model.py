@@ -14,7 +14,7 @@ import memplan
 from memplan.devices import target
 from memplan.errors import MemplanWarning
 from memplan.tools.fake_model import ConfigError, causal_lm
-from memplan.tools.zoo import Example
+from memplan.tools.zoo import Example, LossOf
 
 GPT2 = {
     "model_type": "gpt2", "vocab_size": 512, "n_positions": 64, "n_embd": 64, "n_layer": 2,
@@ -31,8 +31,15 @@ def config(tmp_path):
 
 
 def real_model(path, batch: int, seq: int) -> Example:
-    """The same model built for real, outside fake tensors."""
-    return causal_lm(path, batch=batch, seq=seq, fake=False)
+    """The same model built for real, by transformers alone (not fake_model's code), so
+    that the fake model is checked against an independent construction."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(str(path))
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").train()
+    model.loss_type = "ForCausalLM"
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq))
+    return Example("real", LossOf(model, ("input_ids", "labels")), (ids, ids))
 
 
 def planned(example: Example, budget: str) -> memplan.Plan:

@@ -5,6 +5,7 @@ proved so without a search."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 
@@ -22,7 +23,7 @@ from memplan.solvers import SolverOptions, get_solver
 from memplan.tools.fake_model import causal_lm
 from memplan.tools.fit import fit, largest_batch, ranks_needed, training_state
 from memplan.tools.verify import verify
-from memplan.training_state import TrainingState, breakdown, floor, per_rank
+from memplan.training_state import GATHERED_UNITS, TrainingState, breakdown, floor, per_rank
 
 GPT2 = {
     "model_type": "gpt2", "vocab_size": 512, "n_positions": 64, "n_embd": 64, "n_layer": 2,
@@ -49,7 +50,8 @@ def test_the_state_outside_the_graph_per_parameter_and_rank():
     adamw = TrainingState(1000, "adamw", mixed_precision=True)
     assert (adamw.optimizer_bytes, adamw.master_bytes, adamw.gathered) == (8000, 8000, 0)
     sharded = TrainingState(1000, "adamw", mixed_precision=True, ranks=8, largest_unit=300)
-    assert (sharded.optimizer_bytes, sharded.master_bytes, sharded.gathered) == (1000, 1000, 600)
+    # Gathered: two units' weights (running, prefetched) and the running unit's gradients.
+    assert (sharded.optimizer_bytes, sharded.master_bytes, sharded.gathered) == (1000, 1000, 900)
     assert TrainingState(1000, "sgd").outside == 4000
     assert TrainingState(1000, "none").outside == 0
     with pytest.raises(MemplanError, match="optimizer must be one of adamw, sgd, none"):
@@ -86,8 +88,9 @@ def test_the_breakdown_adds_up_to_the_simulated_peak_and_the_floor_is_never_abov
     assert parts.total - parts.optimizer_state == trace.peak
     assert parts.optimizer_state == 400
     assert parts.weights == 100
-    assert floor(graph) == 100 + 10 + 4 + 100  # w and x resident; loss and g at the end
-    assert floor(graph) <= trace.peak
+    least = floor(graph)  # w and x resident; loss and g live at the end
+    assert (least.weights, least.grads, least.activations, least.total) == (100, 100, 14, 214)
+    assert least.total <= trace.peak
 
 
 def test_fit_plans_the_whole_step_and_its_parts_add_up(config):
@@ -109,13 +112,39 @@ def test_a_budget_below_the_floor_is_proved_infeasible_without_a_search(config):
     found = quietly(fit, example, Budget.parse("40%"), H100)
     assert not found.fits and found.least is None
     assert found.bound > found.budget
+    assert found.dominant() == next(iter(found.floor.parts().items()))
     # The bound is a true floor: the least peak the solver can reach is not below it.
-    least = quietly(fit, example, Budget.parse("100%"), H100)
     graph_least = quietly(
         memplan.plan, example.model, example.inputs, "1%", measure=False,
         device_spec=target("h100"), progress=False, best_effort=True,
     )  # fmt: skip
-    assert graph_least.predicted_peak + least.state.outside >= found.bound
+    assert graph_least.predicted_peak + found.state.outside >= found.bound
+
+
+def test_the_parts_of_a_peak_at_the_first_step_are_not_negative():
+    """A peak before the first step (the resident inputs alone) has no kernel running."""
+    nodes = (
+        Node(0, "w", "param", bytes=100, kind=NodeKind.PARAM),
+        Node(1, "y", "op", (0,), bytes=1, time=1.0, workspace=50),
+    )
+    graph = Graph(nodes, outputs=(1,))
+    schedule = get_solver("keep_all")(graph, None, SolverOptions()).schedule
+    trace = simulate(graph, schedule)
+    parts = breakdown(graph, schedule, trace)
+    assert trace.peak_step >= -1 and min(dataclasses.astuple(parts)) >= 0
+    assert parts.total == trace.peak
+
+
+def test_per_rank_divides_a_gradient_returned_as_a_view_through_its_storage():
+    nodes = (
+        Node(0, "w", "param", bytes=100, kind=NodeKind.PARAM),
+        Node(1, "y", "mm", (0,), bytes=40, time=1.0),
+        Node(2, "t", "tangent", bytes=4, kind=NodeKind.TANGENT),
+        Node(3, "g", "mm", (2, 1), bytes=100, time=1.0, is_backward=True),
+        Node(4, "g_t", "t", (3,), bytes=0, alias_of=3, is_backward=True),
+    )
+    sharded = per_rank(Graph(nodes, outputs=(1, 4)), 4)
+    assert [n.bytes for n in sharded] == [25, 40, 4, 25, 0]
 
 
 def test_sharding_divides_what_each_rank_holds(config):
@@ -124,7 +153,7 @@ def test_sharding_divides_what_each_rank_holds(config):
     sharded = quietly(fit, example, Budget.parse("100%"), H100, ranks=4)
     assert sharded.unplanned.weights == pytest.approx(whole.unplanned.weights / 4, abs=64)
     assert sharded.state.optimizer_bytes == -(-whole.state.optimizer_bytes // 4)
-    assert sharded.unplanned.gathered == 2 * sharded.state.largest_unit > 0
+    assert sharded.unplanned.gathered == GATHERED_UNITS * sharded.state.largest_unit > 0
     assert sharded.unplanned.activations == whole.unplanned.activations
     assert ranks_needed(whole) == 1
 
@@ -181,7 +210,8 @@ def test_the_cli_says_what_dominates_where_nothing_fits(config, tmp_path, capsys
     argv = ["plan", "--hf-config", str(config), "--seq", "32", "--target", "h100"]
     assert main([*argv, "--budget", "100KiB", "-o", str(out)]) == 1
     printed = " ".join(capsys.readouterr().out.split())
-    assert "does not fit" in printed and "(proved)" in printed and "dominates" in printed
+    assert "does not fit" in printed and "(proved:" in printed
+    assert "optimizer state is the largest part" in printed
     assert not out.exists()
 
 
@@ -252,3 +282,27 @@ def test_the_largest_fsdp_unit_is_a_block_or_the_root_with_the_rest():
     assert large.largest_unit == 800 * 4  # the root: 100 x 8 embeddings
     assert small.parameters == 32 + 3 * 72 and not small.mixed_precision
     assert training_state(Decoder(4).to(torch.bfloat16), "sgd", 1).mixed_precision
+
+
+def test_the_cli_plans_per_rank_and_says_from_how_many_ranks_the_state_fits(
+    config, tmp_path, capsys
+):
+    argv = ["plan", "--hf-config", str(config), "--seq", "32", "--target", "h100"]
+    assert main([*argv, "--budget", "2MiB", "-o", str(tmp_path / "p.json")]) == 1
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "alone fit from --ranks" in printed
+    out = tmp_path / "sharded.json"
+    assert main([*argv, "--budget", "2MiB", "--ranks", "8", "-o", str(out)]) == 0
+    assert "per rank of 8 (FSDP)" in " ".join(capsys.readouterr().out.split())
+    assert memplan.Plan.load(out).step_peak <= 2 * 2**20
+
+
+def test_the_cli_never_writes_over_its_config_or_ignores_the_fit_options(config, capsys):
+    argv = ["plan", "--hf-config", str(config), "--seq", "32", "--target", "h100"]
+    assert main([*argv, "--budget", "100%", "-o", str(config)]) == 2
+    assert "would overwrite" in capsys.readouterr().err
+    assert main(["plan", "m.pt2", "--target", "h100", "--budget", "1GiB", "-o", "p.json"]) == 2
+    assert "apply only with --hf-config or --builder" in capsys.readouterr().err
+    assert main(["plan", "--builder", "mlp", "--seq", "8", "--target", "h100", "--budget",
+                 "1GiB", "-o", "p.json"]) == 2  # fmt: skip
+    assert "--seq and --dtype apply only with --hf-config" in capsys.readouterr().err

@@ -55,11 +55,11 @@ def mirrored_chain(sizes: list[int], grads: list[int], times: list[float]) -> Gr
 
 
 @st.composite
-def mirrored_chains(draw: st.DrawFn, max_stages: int = 9) -> Graph:
+def mirrored_chains(draw: st.DrawFn, max_stages: int = 9, max_time: int = 5) -> Graph:
     n = draw(st.integers(1, max_stages))
     sizes = draw(st.lists(st.integers(1, 60), min_size=n, max_size=n))
     grads = draw(st.lists(st.integers(1, 60), min_size=n, max_size=n))
-    times = draw(st.lists(st.integers(0, 5).map(float), min_size=n, max_size=n))
+    times = draw(st.lists(st.integers(0, max_time).map(float), min_size=n, max_size=n))
     return mirrored_chain(sizes, grads, times)
 
 
@@ -266,7 +266,9 @@ def test_chain_dp_least_peak_matches_exhaustive_search(graph):
 
 
 @PROPERTY
-@given(mirrored_chains(), st.floats(0.3, 1.0))
+# Times of at most 3 on at most 9 stages: recompute times of 0 to 27, so a model front of
+# at most 28 points, which chain_dp's sweep visits whole (it is exact up to 33 points).
+@given(mirrored_chains(max_time=3), st.floats(0.3, 1.0))
 def test_chain_dp_least_time_matches_exhaustive_search(graph, share):
     found = exhaustive(graph)
     budget = max(1, int(share * max(peak for peak, _ in found)))

@@ -22,13 +22,13 @@ from torch import nn
 
 from memplan.budget import Budget
 from memplan.errors import InfeasibleBudget, MemplanError
-from memplan.graph import Graph
+from memplan.graph import Graph, Schedule
 from memplan.planner.capture import compile_training_step
 from memplan.planner.options import PlanOptions
 from memplan.planner.plan import Partitioner, Resident
 from memplan.planner.plan_file import Plan
-from memplan.simulate import simulate
-from memplan.solvers import get_solver
+from memplan.simulate import MemoryTrace, simulate
+from memplan.solvers import SolverOptions, get_solver
 from memplan.tools.zoo import Example
 from memplan.training_state import Breakdown, TrainingState, breakdown, floor, per_rank
 
@@ -38,8 +38,8 @@ class Fit:
     """One model's step against one budget on one device, all bytes per rank.
 
     `plan` is the plan within the budget, None where nothing fits; `least` is then the
-    least peak the solvers found, or None where `bound` alone proved that nothing fits
-    (no search ran). `bound` is a peak no plan goes below.
+    least peak the solvers found, or None where the bound alone proved that nothing
+    fits (no search ran). `floor` is a peak no plan goes below, by part.
     """
 
     name: str
@@ -47,7 +47,7 @@ class Fit:
     budget: int
     state: TrainingState
     unplanned: Breakdown
-    bound: int
+    floor: Breakdown
     plan: Plan | None
     planned: Breakdown | None
     least: int | None
@@ -57,18 +57,33 @@ class Fit:
     def fits(self) -> bool:
         return self.plan is not None
 
+    @property
+    def bound(self) -> int:
+        return self.floor.total
+
     def dominant(self) -> tuple[str, int]:
-        """The largest part of the peak the step cannot avoid (the planned one where it
-        fits, else the unplanned one): its name and bytes."""
-        return next(iter((self.planned or self.unplanned).parts().items()))
+        """The largest part of the peak that decides: the plan's where it fits, the
+        floor's where the floor proved nothing fits, else the unplanned peak's; its name
+        and bytes."""
+        if self.planned is not None:
+            parts = self.planned
+        else:
+            parts = self.floor if self.least is None else self.unplanned
+        return next(iter(parts.parts().items()))
+
+
+@dataclass
+class _Seen:
+    """The graph of the step as traced (the first variant the Partitioner plans, per rank)
+    and its unplanned peak's trace, kept by the check before solving."""
+
+    graph: Graph
+    unplanned: MemoryTrace
+    schedule: Schedule
 
 
 class _NoPlanCanFit(Exception):
-    """Raised from inside tracing where the bound proves the budget infeasible."""
-
-    def __init__(self, bound: int) -> None:
-        super().__init__(bound)
-        self.bound = bound
+    """Raised from inside tracing where the floor proves the budget infeasible."""
 
 
 def training_state(model: nn.Module, optimizer: str, ranks: int) -> TrainingState:
@@ -76,14 +91,14 @@ def training_state(model: nn.Module, optimizer: str, ranks: int) -> TrainingStat
     whose dtype says whether fp32 master copies exist, and its largest FSDP unit. FSDP2 is
     taken as applied the usual way: to each block of every nn.ModuleList (a transformer's
     layers) and to the root, whose unit holds every parameter outside those blocks (the
-    embeddings and the output head)."""
+    embeddings and the output head). A unit gathers its frozen parameters too."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     if not trainable:
         raise MemplanError(f"{type(model).__name__} has no trainable parameters")
     blocks = [b for m in model.modules() if isinstance(m, nn.ModuleList) for b in m]
-    in_blocks = {id(p) for b in blocks for p in b.parameters() if p.requires_grad}
-    root = sum(p.nbytes for p in trainable if id(p) not in in_blocks)
-    units = [root, *(sum(p.nbytes for p in b.parameters() if p.requires_grad) for b in blocks)]
+    in_blocks = {id(p) for b in blocks for p in b.parameters()}
+    root = sum(p.nbytes for p in model.parameters() if id(p) not in in_blocks)
+    units = [root, *(sum(p.nbytes for p in b.parameters()) for b in blocks)]
     return TrainingState(
         parameters=sum(p.numel() for p in trainable),
         optimizer=optimizer,
@@ -108,8 +123,8 @@ def fit(
     state = training_state(example.model, optimizer, ranks)
     partitioner = Partitioner(budget, options, name=example.name)
     partitioner.resident = Resident(held=state.outside, unplanned_held=state.outside)
-    seen: list[Graph] = []
-    partitioner.before_solving = _checker(state, budget, seen, options)
+    seen: list[_Seen] = []
+    partitioner.before_solving = _checker(state, budget, seen)
     plan, least = None, None
     try:
         compile_training_step(example.model, example.inputs, partitioner)
@@ -120,12 +135,8 @@ def fit(
         least = infeasible.smallest_feasible + state.outside
     if not seen:
         raise MemplanError(f"{example.name} produced no trainable graph")
-    if len(partitioner.plans) > 1:
-        raise MemplanError(f"{example.name} traced into {len(partitioner.plans)} graphs, not one")
-    graph = seen[-1]
-    keep_all = get_solver("keep_all")(graph, None, options.solver_options("cpu"))
-    assert keep_all.schedule is not None
-    unplanned = breakdown(graph, keep_all.schedule, simulate(graph, keep_all.schedule), state)
+    traced = seen[0]
+    unplanned = breakdown(traced.graph, traced.schedule, traced.unplanned, state)
     planned = None
     if plan is not None:
         schedule, lowered = partitioner.schedules[-1], partitioner.lowered[-1]
@@ -138,7 +149,7 @@ def fit(
         budget=budget.resolve(unplanned.total),
         state=state,
         unplanned=unplanned,
-        bound=floor(graph) + state.outside,
+        floor=floor(traced.graph, state),
         plan=plan,
         planned=planned,
         least=least,
@@ -146,25 +157,24 @@ def fit(
     )
 
 
-def _checker(
-    state: TrainingState, budget: Budget, seen: list[Graph], options: PlanOptions
-) -> Callable[[Graph], Graph]:
-    """The Partitioner's look at the graph before solving: divided per rank, kept in
-    `seen`, and stopped with _NoPlanCanFit where its floor and the state outside it are
-    over the budget."""
+def _checker(state: TrainingState, budget: Budget, seen: list[_Seen]) -> Callable[[Graph], Graph]:
+    """The Partitioner's look at each graph before solving: divided per rank; the first,
+    the graph as traced (a later one is another way to plan it: convolution copies in
+    the graph), kept in `seen` with its unplanned trace, and stopped with _NoPlanCanFit
+    where its floor is over the budget. A share is of the step's unplanned peak, as the
+    planner takes it (planner/plan.py, Resident.budget_of)."""
 
     def check(graph: Graph) -> Graph:
         graph = per_rank(graph, state.ranks)
-        seen.append(graph)
-        bound = floor(graph) + state.outside
-        if budget.bytes is None:  # a share, of the step's unplanned peak
-            keep_all = get_solver("keep_all")(graph, None, options.solver_options("cpu"))
-            assert keep_all.schedule is not None
-            asked = budget.resolve(simulate(graph, keep_all.schedule).peak + state.outside)
-        else:
-            asked = budget.resolve(0)
-        if bound > asked:
-            raise _NoPlanCanFit(bound)
+        if seen:
+            return graph
+        keep_all = get_solver("keep_all")(graph, None, SolverOptions())
+        assert keep_all.schedule is not None
+        unplanned = simulate(graph, keep_all.schedule)
+        seen.append(_Seen(graph, unplanned, keep_all.schedule))
+        asked = budget.resolve(unplanned.peak + state.outside)
+        if floor(graph, state).total > asked:
+            raise _NoPlanCanFit
         return graph
 
     return check
@@ -206,13 +216,13 @@ def largest_batch(
 
 def ranks_needed(found: Fit, most: int = 1024) -> int | None:
     """Of an unsharded step: the fewest FSDP ranks (a power of 2) at which what each rank
-    holds all step, its shards of the state outside the graph, of the weights and of their
-    gradients (as many bytes as the weights), alone fits the budget; None beyond `most`.
+    holds all step, its shards of the state outside the graph, of the weights and of all
+    their gradients, alone fits the budget; None beyond `most`.
     A necessary condition, not a plan: activations do not shrink with ranks."""
     state = found.state
     for ranks in (2**k for k in range(int(math.log2(most)) + 1)):
         sharded = dataclasses.replace(state, ranks=ranks)
-        weights_and_grads = math.ceil(2 * found.unplanned.weights / ranks)
+        weights_and_grads = math.ceil((found.floor.weights + found.floor.grads) / ranks)
         if sharded.outside + weights_and_grads <= found.budget:
             return ranks
     return None

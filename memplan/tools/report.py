@@ -145,7 +145,7 @@ def fit_table(found: Fit) -> Table:
 
 
 def fit_verdict(found: Fit) -> str:
-    """One line: fits with what overhead, or why nothing fits."""
+    """One line: fits with what overhead, or why nothing fits and what dominates."""
     part, size = found.dominant()
     if found.plan is not None and found.planned is not None:
         return (
@@ -154,12 +154,15 @@ def fit_verdict(found: Fit) -> str:
             f"({escape(found.plan.solver)}, planned in {format_seconds(found.seconds)})"
         )
     if found.least is None:
-        reach = f"no plan can peak below {format_bytes(found.bound)} (proved)"
-    else:
-        reach = f"the least peak found is {format_bytes(found.least)}"
+        return (
+            f"[red]does not fit[/] in {format_bytes(found.budget)}: no plan can peak below "
+            f"{format_bytes(found.bound)} (proved: what the step holds at its end), of which "
+            f"{part} is the largest part, {format_bytes(size)}"
+        )
     return (
-        f"[red]does not fit[/] in {format_bytes(found.budget)}: {reach}; {part} dominates "
-        f"the unplanned peak with {format_bytes(size)}"
+        f"[red]does not fit[/] in {format_bytes(found.budget)}: the least peak found is "
+        f"{format_bytes(found.least)}; {part} is the largest part of the unplanned peak, "
+        f"{format_bytes(size)}"
     )
 
 
