@@ -291,6 +291,19 @@ def test_greedy_meets_its_own_least_peak(g, bandwidth):
 
 
 @PROPERTY
+@given(training_graphs(), st.floats(0.2, 1.0), st.sampled_from([5.0, 20.0, 1e3]))
+def test_greedy_with_a_host_link_is_never_slower_within_a_budget_than_without(g, share, link):
+    full = peak_of(g, keep_all(g, 10**12, _options(None)), None)
+    budget = max(1, math.floor(share * full))
+    without = greedy(g, budget, SolverOptions(time_limit=60))
+    if without.status != "feasible":
+        return
+    with_link = greedy(g, budget, SolverOptions(bandwidth=link, time_limit=60))
+    assert with_link.status == "feasible"
+    assert with_link.objective <= without.objective
+
+
+@PROPERTY
 @given(training_graphs(), st.sampled_from([None, 20.0]))
 def test_baseline_objectives_are_the_simulated_time(g, bandwidth):
     options = _options(bandwidth)

@@ -67,17 +67,22 @@ def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResu
     target = 0 if budget is None else budget
     starts = [{v: Decision.KEEP for v in graph.saved_candidates}, sqrt_decisions(graph)]
     orders = [_cost_per_byte] + ([_largest_first] if budget is None else [])
-    runs = [_descend(graph, s, target, deadline, options, o) for o in orders for s in starts]
+    twins = classes(graph, list(saved_storages(graph))) if len(graph) >= BULK_FROM else {}
+    # Offloads estimated to hide under compute may not, once many share the host link:
+    # within a budget, the descents a solve without a link makes run too, so that allowing
+    # offload does not end slower than not (where the deadline lets every descent run).
+    ways = [options]
     if options.bandwidth and budget is not None:
-        # Offloads estimated to hide under compute may not, once many share the host
-        # link: descents that only recompute run too, so that within a budget allowing
-        # offload never ends slower than not.
-        recompute_only = dataclasses.replace(options, bandwidth=None)
-        runs += [
-            _descend(graph, s, target, deadline, recompute_only, _cost_per_byte) for s in starts
-        ]
-    if budget is not None and all(r.least.peak > budget for r in runs):
-        runs += [_descend(graph, s, target, deadline, options, _largest_first) for s in starts]
+        ways.append(dataclasses.replace(options, bandwidth=None))
+
+    runs: list[_Run] = []
+    for way in ways:
+        made = [_descend(graph, s, target, deadline, way, o, twins) for o in orders for s in starts]
+        if budget is not None and all(r.least.peak > budget for r in made):
+            made += [
+                _descend(graph, s, target, deadline, way, _largest_first, twins) for s in starts
+            ]
+        runs += made
     passed = [state for run in runs for state in run.states]
     fitting = [s for s in passed if budget is not None and s.peak <= budget]
     if fitting:
@@ -126,11 +131,12 @@ def _descend(
     deadline: float,
     options: SolverOptions,
     order: _Order,
+    twins: dict[int, list[int]],
 ) -> _Run:
-    """Release the cheapest storage live at the peak until the peak is within `target`."""
+    """Release the cheapest storage live at the peak until the peak is within `target`;
+    with `twins` (owner -> the owners alike to it), alike storages too (see the module)."""
     groups = saved_storages(graph)
     window = hiding_windows(graph) if options.bandwidth else {}
-    twins = classes(graph, list(groups)) if len(graph) >= BULK_FROM else {}
     decisions = dict(start)
     _, trace = simulate_decisions(graph, decisions, options.bandwidth)
     run = _Run([_State(trace.time, trace.peak, dict(decisions))], timed_out=False)
@@ -144,16 +150,12 @@ def _descend(
             break
         owner, changes = move
         tried.add(owner)
-        alike = _alike_releases(
-            graph, owner, changes, twins, groups, decisions, trace.peak - target
-        )
+        gap = trace.peak - target
+        alike = _alike_releases(graph, owner, changes, twins, groups, decisions, trace, gap)
         tries = [{**changes, **alike}, changes] if alike else [changes]
         found = _first_accepted(graph, decisions, tries, trace.peak, options)
-        if found is None:
-            continue
-        proposal, new_trace = found
-        if new_trace.peak <= trace.peak:
-            decisions, trace = proposal, new_trace
+        if found is not None:
+            decisions, trace = found
             run.states.append(_State(trace.time, trace.peak, dict(decisions)))
             # A release that raised the peak before may not now: the peak has moved.
             tried = {o for o in tried if not _all_kept(groups[o], decisions)}
@@ -168,19 +170,16 @@ def _first_accepted(
     options: SolverOptions,
 ) -> tuple[dict[int, Decision], MemoryTrace] | None:
     """The first of `tries` (changes to `decisions`) that makes a valid schedule peaking
-    at most at `peak`, with its trace; else the last valid one's (which the caller
-    rejects), or None where none is valid."""
-    found = None
+    at most at `peak`, with its trace; None where none does."""
     for changes in tries:
         proposal = {**decisions, **changes}
         try:
             _, trace = simulate_decisions(graph, proposal, options.bandwidth)
         except InvalidSchedule:
             continue
-        found = (proposal, trace)
         if trace.peak <= peak:
-            break
-    return found
+            return proposal, trace
+    return None
 
 
 def _alike_releases(
@@ -190,20 +189,26 @@ def _alike_releases(
     twins: dict[int, list[int]],
     groups: dict[int, list[int]],
     decisions: dict[int, Decision],
+    trace: MemoryTrace,
     gap: int,
 ) -> dict[int, Decision]:
-    """The same release as `changes` (of `owner`) for the storages alike to it, still
-    wholly kept, in order: as many as, with `owner`'s, could close a `gap` of bytes."""
+    """The same release as `changes` (of `owner`) for the storages alike to it that are
+    live at the peak of `trace`, wholly kept and releasable the same way, in order: as
+    many as, with `owner`'s, could close a `gap` of bytes."""
     size = max(graph[owner].bytes, 1)
     room = -(-gap // size) - 1  # storages beyond owner's that the gap can use
     offloads = changes.get(owner) is Decision.OFFLOAD
+    live = {graph.storage_owner[v] for v in trace.live_at_peak}
+    decision = decider(graph, decisions)
     alike: dict[int, Decision] = {}
     for twin in twins.get(owner, []):
         if room <= 0:
             break
-        if twin == owner or not _all_kept(groups[twin], decisions):
+        if twin == owner or twin not in live or not _all_kept(groups[twin], decisions):
             continue
         if offloads and not graph[twin].offloadable:
+            continue
+        if not offloads and not math.isfinite(recompute_chain_time(graph, groups[twin], decision)):
             continue
         for v in groups[twin]:
             alike[v] = Decision.OFFLOAD if offloads and v == twin else Decision.RECOMPUTE
