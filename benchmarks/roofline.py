@@ -22,7 +22,6 @@ import os
 import platform
 import shlex
 import sys
-import time
 import warnings
 from collections import defaultdict
 from collections.abc import Iterable
@@ -40,6 +39,7 @@ from rich.progress import track
 from torch import fx
 from torch.utils.flop_counter import flop_registry
 
+from benchmarks import layout
 from memplan import devices
 from memplan.errors import MemplanWarning
 from memplan.files import write_atomically, write_json_atomically
@@ -48,7 +48,7 @@ from memplan.planner.lower import drop_checked_asserts
 from memplan.planner.measure import median_step_seconds
 from memplan.planner.profile import profile_graph
 from memplan.planner.profile_cache import device_name, node_key
-from memplan.planner.roofline import MORE_FLOP_FORMULAS
+from memplan.planner.roofline import MORE_FLOP_FORMULAS, VIEWS_NOT_MARKED
 from memplan.tools.verify import training_step
 from memplan.tools.zoo import ZOO, Example
 from memplan.units import format_seconds
@@ -108,8 +108,7 @@ def family(target: object) -> str:
     if not isinstance(target, torch._ops.OpOverload):
         return "other"
     name = target.name().split("::", 1)[1].split(".", 1)[0]
-    # _unsafe_view aliases its input like any view; it is only not marked as one.
-    if getattr(target, "is_view", False) or name == "_unsafe_view":
+    if getattr(target, "is_view", False) or target in VIEWS_NOT_MARKED:
         return VIEW
     if name in _MATMUL:
         return "matmul"
@@ -279,22 +278,16 @@ def by_op(samples: list[Sample], top: int) -> list[Summary]:
 
 
 def machine() -> dict[str, Any]:
-    """Where the figures were taken: the CPU's model name, the CPU and torch's threads as
-    the profile cache keys times by them, the cores, and the load average (1 min)."""
+    """Where the figures were taken (benchmarks.layout's record), with the CPU's model
+    name, the CPU and torch's threads as the profile cache keys times by them, and the
+    load average (1 min)."""
     model = platform.processor() or platform.machine()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
         names = [ln for ln in cpuinfo.read_text().splitlines() if ln.startswith("model name")]
         model = names[0].split(":", 1)[1].strip() if names else model
-    return {
-        "cpu": model,
-        "device": device_name(CPU),
-        "cores": os.cpu_count(),
-        "load": os.getloadavg()[0],
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "date": time.strftime("%Y-%m-%d"),
-    }
+    load = os.getloadavg()[0]
+    return {**layout.machine(), "cpu": model, "device": device_name(CPU), "load": load}
 
 
 def run(names: list[str], repeats: int = 5) -> dict[str, Any]:
@@ -404,7 +397,7 @@ def markdown(data: dict[str, Any], image: str | None) -> str:
         "",
         "## How it was measured",
         "",
-        f"`{data['command']}` on {m['cpu']} ({m['cores']} cores; `{m['device']}` is the "
+        f"`{data['command']}` on {m['cpu']} ({m['cpu_cores']} cores; `{m['device']}` is the "
         f"CPU and torch's threads as the profile cache names them), torch {m['torch']}, "
         f"Python {m['python']}, {m['date']}. The load average (1 min) was {m['load']:.2f} "
         f"at the start and {m['load_after']:.2f} at the end; near the number of cores or "
@@ -427,8 +420,8 @@ def markdown(data: dict[str, Any], image: str | None) -> str:
         f"{format_seconds(data['floor'])} or more ({floored} below were left out of them, "
         "not of the totals). `roofline ≤ measured` is the share of nodes on which the "
         "estimate is a lower bound. Views do no work: their measured time is dispatch "
-        "alone, their roofline the launch overhead (`_unsafe_view`, a view not marked as "
-        "one, is charged its bytes), and they are shown apart. "
+        "alone, their roofline the launch overhead (`_unsafe_view` too, a view not marked "
+        "as one), and they are shown apart. "
         + (
             f"{unrunnable} node(s) could not run alone here; they are left out."
             if unrunnable

@@ -1,13 +1,16 @@
-"""The `memplan` command: plan a saved torch.export program, show a saved plan, solve a
-literature graph, find the largest batch under a memory cap, list solvers.
+"""The `memplan` command: plan a saved torch.export program, or a model built on fake
+tensors for a GPU one does not have (`plan --hf-config` / `--builder`, cli_fit.py); show a
+saved plan, solve a literature graph, find the largest batch under a memory cap, list
+solvers.
 
 Only `plan` and `maxbatch` load torch, when they run: `show`, `solve` and `solvers` work
 without it.
 
 Every error a user can cause ends as one line `memplan: error: ...` and exit status 2,
-before any output file is written or with every output file left as it was; a bug in
-memplan ends as one line `memplan: internal error: ...` and exit status 3 (--verbose shows
-the traceback of either).
+before any output file is written or with every output file left as it was; a check that
+fails (`plan --verify`, or a model on fake tensors that fits no plan) exits with status 1
+and writes no plan; a bug in memplan ends as one line `memplan: internal error: ...` and
+exit status 3 (--verbose shows the traceback of either).
 """
 
 from __future__ import annotations

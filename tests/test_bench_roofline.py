@@ -86,7 +86,6 @@ def test_times_and_ratios_are_finite_and_positive(data):
     for row in data["families"]:
         for key in ("ratio", "median", "q25", "q75"):
             assert 0 < row[key] < math.inf, row
-        assert row["q25"] <= row["median"] <= row["q75"], row
         assert 0 <= row["under"] <= 1
     assert data["models"][0]["eager_step"] > 0
 

@@ -44,7 +44,7 @@ def roofline_seconds(node: fx.Node, spec: DeviceSpec) -> float:
         # Some ops have no meta kernel or need real data (nonzero, item): bytes only.
         flops = 0
     # A view reads and writes nothing; any other op reads its inputs and writes its outputs.
-    is_view = getattr(node.target, "is_view", False) or node.target in _VIEWS_NOT_MARKED
+    is_view = getattr(node.target, "is_view", False) or node.target in VIEWS_NOT_MARKED
     moved = 0 if is_view else _nbytes((args, kwargs, node.meta.get("val")))
     outputs = [v for v in tree_leaves(node.meta.get("val")) if isinstance(v, torch.Tensor)]
     dtype = str(outputs[0].dtype).removeprefix("torch.") if outputs else "float32"
@@ -71,7 +71,7 @@ MORE_FLOP_FORMULAS = {
     aten._scaled_dot_product_flash_attention_for_cpu_backward: _attention_backward_flops,
 }
 # Views that do not say so (`is_view` false) but copy nothing.
-_VIEWS_NOT_MARKED = frozenset({aten._unsafe_view.default})
+VIEWS_NOT_MARKED = frozenset({aten._unsafe_view.default})
 
 
 def to_meta(v: object) -> object:
