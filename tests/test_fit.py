@@ -306,3 +306,18 @@ def test_the_cli_never_writes_over_its_config_or_ignores_the_fit_options(config,
     assert main(["plan", "--builder", "mlp", "--seq", "8", "--target", "h100", "--budget",
                  "1GiB", "-o", "p.json"]) == 2  # fmt: skip
     assert "--seq and --dtype apply only with --hf-config" in capsys.readouterr().err
+
+
+def test_a_budget_above_the_floor_that_no_plan_meets_gives_the_least_peak_found(
+    config, tmp_path, capsys
+):
+    example = causal_lm(config, batch=2, seq=32)
+    floor_only = quietly(fit, example, Budget.parse("40%"), H100).bound
+    found = quietly(fit, example, Budget(bytes=floor_only + 1), H100)
+    assert not found.fits and found.least is not None
+    assert found.least > found.budget >= found.bound
+    out = tmp_path / "plan.json"
+    argv = ["plan", "--hf-config", str(config), "--seq", "32", "--batch", "2", "--target"]
+    assert main([*argv, "h100", "--budget", str(floor_only + 1), "-o", str(out)]) == 1
+    assert "the least peak found is" in " ".join(capsys.readouterr().out.split())
+    assert not out.exists()
