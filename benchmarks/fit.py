@@ -62,6 +62,7 @@ CASES = {
         Case("gpt2-small", "gpt2-small.json", 2, 512, "fp32", "80GB"),
         Case("gpt2-small @ 75%", "gpt2-small.json", 2, 512, "fp32", "75%"),
         Case("llama-1b", "llama-1b.json", 1, 4096, "bf16", "80GB"),
+        Case("llama-1b @ 32GB", "llama-1b.json", 1, 4096, "bf16", "32GB"),
         Case("llama-1b @ 28GB", "llama-1b.json", 1, 4096, "bf16", "28GB"),
         Case("llama-8b", "llama-8b.json", 1, 4096, "bf16", "80GB"),
         Case("llama-8b, 8 ranks", "llama-8b.json", 1, 4096, "bf16", "80GB", ranks=8),
