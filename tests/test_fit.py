@@ -321,3 +321,13 @@ def test_a_budget_above_the_floor_that_no_plan_meets_gives_the_least_peak_found(
     assert main([*argv, "h100", "--budget", str(floor_only + 1), "-o", str(out)]) == 1
     assert "the least peak found is" in " ".join(capsys.readouterr().out.split())
     assert not out.exists()
+
+
+def test_the_cli_finds_the_largest_batch_that_fits(config, tmp_path, capsys):
+    argv = ["plan", "--hf-config", str(config), "--seq", "32", "--target", "h100"]
+    out = tmp_path / "plan.json"
+    assert main([*argv, "--budget", "3MiB", "--max-batch", "-o", str(out)]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    largest = int(printed.split("largest batch that fits 3.00 MiB: ")[1].split()[0])
+    assert largest >= 1
+    assert f"batch {largest}: fits" in printed and f"batch {largest + 1}: does not fit" in printed
