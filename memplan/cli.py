@@ -34,6 +34,7 @@ from memplan.cli_args import (
     positive_float,
     positive_int,
     write_all,
+    write_plan,
 )
 from memplan.cli_fit import add_fit_options, check_fit_options, plan_config
 from memplan.errors import BudgetError, MemplanError, one_line
@@ -335,11 +336,7 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
         for problem in check.problems():
             print(f"memplan: check failed: {problem}", file=sys.stderr)
         status = 0 if check.ok else EXIT_CHECK_FAILED
-    # Both files or neither: an error in the plot leaves no plan behind, nor the reverse.
-    outputs: list[tuple[Path, Callable[[Path], object]]] = [(args.output, plan.save)]
-    if args.png is not None:
-        outputs.append((args.png, lambda at: plot_timeline(plan, at, measured_peak=measured_peak)))
-    write_all(outputs, console)
+    write_plan(plan, args.output, args.png, console, measured_peak)
     return status
 
 

@@ -12,6 +12,8 @@ from rich.console import Console
 
 from memplan.errors import OutputFileError
 from memplan.files import write_together
+from memplan.planner.plan_file import Plan
+from memplan.tools.report import plot_timeline
 
 EXIT_ERROR = 2
 EXIT_CHECK_FAILED = 1
@@ -22,6 +24,18 @@ def write_all(outputs: list[tuple[Path, Callable[[Path], object]]], console: Con
     write_together(outputs)
     for path, _ in outputs:
         console.print(f"wrote {path}", soft_wrap=True)  # a path is not wrapped
+
+
+def write_plan(
+    plan: Plan, output: Path, png: Path | None, console: Console, measured_peak: int | None = None
+) -> None:
+    """The plan's JSON at `output` and, where `png` is given, its memory timeline plot
+    (with the measured peak where known): both files or neither, so that an error in the
+    plot leaves no plan behind, nor the reverse."""
+    outputs: list[tuple[Path, Callable[[Path], object]]] = [(output, plan.save)]
+    if png is not None:
+        outputs.append((png, lambda at: plot_timeline(plan, at, measured_peak=measured_peak)))
+    write_all(outputs, console)
 
 
 def check_outputs(inputs: Sequence[Path], outputs: Sequence[Path | None]) -> None:

@@ -6,18 +6,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from memplan.budget import Budget
-from memplan.cli_args import EXIT_CHECK_FAILED, check_outputs, positive_int, write_all
+from memplan.cli_args import EXIT_CHECK_FAILED, check_outputs, positive_int, write_plan
 from memplan.devices import TARGETS, load_spec, target
 from memplan.errors import MemplanError, MemplanWarning
 from memplan.planner.options import PlanOptions
-from memplan.tools.report import fit_table, fit_verdict, plot_timeline
+from memplan.tools.report import fit_table, fit_verdict
 from memplan.training_state import DTYPE_NAMES, OPTIMIZER_STATE
 from memplan.units import format_bytes
 
@@ -154,11 +153,7 @@ def plan_config(args: argparse.Namespace, budget: Budget, console: Console) -> i
     if found.plan is None:
         return EXIT_CHECK_FAILED
     name = args.builder if args.hf_config is None else _config_name(args.hf_config)
-    plan = dataclasses.replace(found.plan, name=name)
-    outputs: list[tuple[Path, Callable[[Path], object]]] = [(args.output, plan.save)]
-    if args.png is not None:
-        outputs.append((args.png, lambda at: plot_timeline(plan, at)))
-    write_all(outputs, console)
+    write_plan(dataclasses.replace(found.plan, name=name), args.output, args.png, console)
     return 0
 
 

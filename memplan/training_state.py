@@ -94,7 +94,7 @@ def per_rank(graph: Graph, ranks: int) -> Graph:
     if ranks == 1:
         return graph
     sharded = {v for v in graph.resident_inputs if graph[v].kind is NodeKind.PARAM}
-    sharded |= {graph.storage_owner[v] for v in graph.outputs if graph[v].is_backward}
+    sharded |= _returned(graph)
     nodes = tuple(
         dataclasses.replace(n, bytes=math.ceil(n.bytes / ranks)) if n.id in sharded else n
         for n in graph
@@ -140,9 +140,7 @@ def breakdown(
 ) -> Breakdown:
     """The parts of the step's peak under `schedule` (simulated as `trace`), with what
     `state` holds outside the graph."""
-    owners = {graph.storage_owner[v] for v in trace.live_at_peak}
-    weights = sum(graph[o].bytes for o in owners if graph[o].kind is NodeKind.PARAM)
-    grads = sum(graph[o].bytes for o in owners & _returned(graph))
+    weights, grads = _weights_and_grads(graph, {graph.storage_owner[v] for v in trace.live_at_peak})
     # The peak step's kernel workspace, as the simulator holds it (none before step 0).
     step = schedule.steps[trace.peak_step] if trace.peak_step >= 0 else None
     workspace = 0
@@ -157,10 +155,16 @@ def floor(graph: Graph, state: TrainingState | None = None) -> Breakdown:
     returned, and the rest: inputs and forward outputs, as activations), with what
     `state` holds outside the graph."""
     owners = {graph.storage_owner[v] for v in (*graph.resident_inputs, *graph.outputs)}
-    weights = sum(graph[o].bytes for o in owners if graph[o].kind is NodeKind.PARAM)
-    grads = sum(graph[o].bytes for o in owners & _returned(graph))
+    weights, grads = _weights_and_grads(graph, owners)
     rest = sum(graph[o].bytes for o in owners) - weights - grads
     return _with_state(weights, grads, rest, 0, state)
+
+
+def _weights_and_grads(graph: Graph, owners: set[int]) -> tuple[int, int]:
+    """Of the storages `owners`: the bytes of the parameters and of the returned
+    gradients."""
+    weights = sum(graph[o].bytes for o in owners if graph[o].kind is NodeKind.PARAM)
+    return weights, sum(graph[o].bytes for o in owners & _returned(graph))
 
 
 def _returned(graph: Graph) -> set[int]:

@@ -52,8 +52,8 @@ def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResu
     budget (or when minimizing), descents that release the largest storages first run
     too: cheap releases can strand the peak where only costly ones remain, and which of
     the two orders gets lower depends on the profiled times. With a host link (offloading
-    allowed) and a budget, the cost-per-byte descents also run without offloads, whose
-    estimated cost can be too low when many share the link.
+    allowed) and a budget, every descent a solve without a link would make also runs,
+    recomputing only: an offload's estimated cost can be too low when many share the link.
 
     Below BULK_FROM nodes, a descent's path does not depend on the budget (it only stops
     sooner for a larger one), and each release adds time, so choosing among every state

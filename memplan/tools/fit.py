@@ -29,6 +29,7 @@ from memplan.planner.plan import Partitioner, Resident
 from memplan.planner.plan_file import Plan
 from memplan.simulate import MemoryTrace, simulate
 from memplan.solvers import SolverOptions, get_solver
+from memplan.tools.batch_search import largest
 from memplan.tools.zoo import Example
 from memplan.training_state import Breakdown, TrainingState, breakdown, floor, per_rank
 
@@ -202,16 +203,7 @@ def largest_batch(
             on_probe(batch, found)
         return found.fits
 
-    if not fits(1):
-        return 0
-    low, high = 1, 2
-    while high <= limit and fits(high):
-        low, high = high, 2 * high
-    high = min(high, limit + 1)
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (middle, high) if fits(middle) else (low, middle)
-    return low
+    return largest(fits, 1, limit, 0)
 
 
 def ranks_needed(found: Fit, most: int = 1024) -> int | None:
