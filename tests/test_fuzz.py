@@ -32,7 +32,7 @@ from torch import nn
 
 import memplan
 from memplan import cli as cli_module
-from memplan import remat
+from memplan import cli_args, remat
 from memplan.budget import Budget
 from memplan.cli import main
 from memplan.errors import (
@@ -745,7 +745,7 @@ def test_a_failed_plot_leaves_no_plan_behind(pt2, tmp_path, monkeypatch):
         Path(path).write_bytes(b"\x89PNG half")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(cli_module, "plot_timeline", half_a_plot)
+    monkeypatch.setattr(cli_args, "plot_timeline", half_a_plot)  # write_plan's plot
     output, png = tmp_path / "out" / "plan.json", tmp_path / "out" / "timeline.png"
     run = run_cli([*plan_argv(pt2, output), "--png", str(png)])
     assert run.code == 2 and run.err.count("\n") == 1, run
