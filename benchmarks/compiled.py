@@ -15,8 +15,9 @@ step, compile included, is timed; then the allocator reads the peak of a steady 
 median step time of `--repeats` steps is taken. For memplan, the plans' predicted peaks
 are kept to compare with the allocator. A run that raises is recorded as "error: ..." and
 the benchmark goes on. Writes benchmarks/results/compiled-<device>.json, one plot per model
-(docs/img/compiled_<model>.png) and the section of docs/results.md between MARKERS
-(`compiled_section` gives the same text to benchmarks.models' results_markdown).
+(docs/img/compiled_<model>_<device>.png) and that device's section of docs/results.md
+(between `markers(device)`; `compiled_section` gives the same text to benchmarks.models'
+results_markdown). The models train on CUDA where it is available (`--device`).
 Run: `python -m benchmarks.compiled [--help]`; a smoke run (its figures are no results):
 `python -m benchmarks.compiled --models cnn --sizes small --budgets 1.0 0.0 --shares 50%
 --out /tmp/smoke`.
@@ -80,10 +81,7 @@ SHARES = ("90%", "70%", "50%")
 # compiles in seconds and steps in milliseconds. Its figures are not results.
 SMALL = {"batch": 2, "seq": 32, "image": 32, "layers": 2, "width": 32, "channels": 8, "blocks": 2}
 PRESETS = ("bench", "small")
-# The section of docs/results.md this benchmark owns. compiled_section() returns it with
-# the markers, so that results_markdown (which rewrites the page) keeps them and a rerun
-# of this benchmark alone replaces just this section (benchmarks.pages.write_section).
-MARKERS = ("<!-- compiled: start -->", "<!-- compiled: end -->")
+DEVICES = ("cpu", "cuda")
 # The setting of the run at LOWER_REQUIRED below torch.compile's least measured peak.
 BELOW_LEAST = f"{1 - LOWER_REQUIRED:.0%} of pytorch least"
 
@@ -296,7 +294,7 @@ def bench_model(
 ) -> list[CompiledRun]:
     """Every run on one model, in order; `advance(label, runs)` after each."""
     try:  # builds the model and takes eager's gradients, the reference of every run
-        example = ZOO[name](**sizes_of(name, preset))
+        example = ZOO[name](**sizes_of(name, preset)).to(config.device)
         bench = Bench(example, config.repeats, config.time_limit)
         runner = Compiled(bench, config.solver, config.time_limit)
         runs = [runner.eager()]
@@ -424,7 +422,7 @@ def section_text(saved: dict[str, Any]) -> str:
     """The docs section (without its markers) from the saved JSON."""
     where = saved["machine"]
     lines = [
-        "## memplan against torch.compile (inductor)",
+        f"## memplan against torch.compile (inductor), on {where['device_name']}",
         "",
         f"Written by `python -m benchmarks.compiled` ({where['date']}, {saved['sizes']} "
         f"sizes, {where['device_name']}, {where['cpu_threads']} threads, torch "
@@ -469,7 +467,8 @@ def section_text(saved: dict[str, Any]) -> str:
         sizes = ", ".join(f"{k} {v}" for k, v in found["sizes"].items())
         lines += [f"### {model} under torch.compile", "", f"Sizes: {sizes}.", ""]
         lines += [*model_targets(runs), ""]  # type: ignore[arg-type]
-        lines += [f"![{model} under torch.compile](img/compiled_{model}.png)", ""]
+        image = image_name(model, where["device"])
+        lines += [f"![{model} under torch.compile](img/{image})", ""]
         lines += table(runs)
     return "\n".join(lines) + "\n"
 
@@ -509,10 +508,27 @@ def table_row(r: CompiledRun, eager: Run) -> str:
     )
 
 
-def compiled_section(where: dict[str, Any], results: Path = RESULTS) -> list[str]:
-    """The section for docs/results.md with its markers, where this benchmark has run on
-    `where`'s device; benchmarks.models' results_markdown adds it to the page."""
-    return saved_section(results / f"compiled-{where['device']}.json", section_text, *MARKERS)
+def markers(device: str) -> tuple[str, str]:
+    """The lines around this benchmark's section of docs/results.md for figures taken on
+    `device`: results_markdown (which rewrites the page) keeps them, and a rerun of this
+    benchmark alone replaces just that section (benchmarks.pages.write_section)."""
+    return (f"<!-- compiled {device}: start -->", f"<!-- compiled {device}: end -->")
+
+
+def image_name(model: str, device: str) -> str:
+    return f"compiled_{model}_{device}.png"
+
+
+def compiled_section(results: Path = RESULTS) -> list[str]:
+    """The sections for docs/results.md with their markers, one per device this benchmark
+    has run on (its JSON is there); benchmarks.models' results_markdown adds them."""
+    return [
+        line
+        for device in DEVICES
+        for line in saved_section(
+            results / f"compiled-{device}.json", section_text, *markers(device)
+        )
+    ]
 
 
 def write_report(saved: dict[str, Any], outputs: Outputs) -> None:
@@ -520,9 +536,9 @@ def write_report(saved: dict[str, Any], outputs: Outputs) -> None:
     for model, found in saved["models"].items():
         runs = [CompiledRun(**r) for r in found["runs"]]
         if runs[0].measured:  # eager: the plot's unit of time
-            plot(runs, outputs.image(f"compiled_{model}.png"))
+            plot(runs, outputs.image(image_name(model, saved["machine"]["device"])))
     outputs.page.parent.mkdir(parents=True, exist_ok=True)
-    write_section(outputs.page, section_text(saved), *MARKERS)
+    write_section(outputs.page, section_text(saved), *markers(saved["machine"]["device"]))
 
 
 def command_line(
@@ -549,11 +565,15 @@ def command_line(
     args = parser.parse_args(argv)
     if args.sizes != "bench" and args.out is None:
         parser.error("--sizes small is a smoke run; its figures are no results: give --out")
-    outputs, where = Outputs.under(args.out), machine()
-    path = outputs.results / f"{stem}-{where['device']}.json"
+    device = getattr(args, "device", machine()["device"])  # an option of some benchmarks
+    if device == "cuda" and not args.report_only and not torch.cuda.is_available():
+        parser.error("--device cuda: CUDA is not available here")
+    outputs = Outputs.under(args.out)
+    path = outputs.results / f"{stem}-{device}.json"
     if args.report_only:
         report(json.loads(path.read_text()), outputs)
         return None
+    where = machine(device)
     warnings.filterwarnings("ignore", category=UserWarning)
     return args, outputs, where, path
 
@@ -573,6 +593,13 @@ def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--solver", choices=SOLVERS, default="greedy", help="memplan's solver")
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per run (median)")
     parser.add_argument("--time-limit", type=float, default=20.0, help="seconds per solve")
+    parser.add_argument(
+        "--device",
+        choices=DEVICES,
+        default=machine()["device"],
+        help="where the models train (default: cuda where it is available); with "
+        "--report-only, whose figures to redraw",
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -608,7 +635,7 @@ def main(argv: list[str] | None = None) -> None:
             saved["models"] = {m: saved["models"][m] for m in SIZES if m in saved["models"]}
             write_json_atomically(path, saved)  # after each model: a crash keeps the others
     write_report(saved, outputs)
-    console.print(f"wrote {path}, {outputs.page} and compiled_*.png")
+    console.print(f"wrote {path}, {outputs.page} and compiled_*_{args.device}.png")
 
 
 def _budget(text: str) -> str:

@@ -96,9 +96,10 @@ class Run:
         return self.status == "ok" and self.measured_peak is not None
 
 
-def machine() -> dict[str, Any]:
-    """Where the figures were taken."""
-    cuda = torch.cuda.is_available()
+def machine(device: str | None = None) -> dict[str, Any]:
+    """Where the figures were taken: on `device` ("cpu" or "cuda"; by default cuda where it
+    is available)."""
+    cuda = torch.cuda.is_available() if device is None else device == "cuda"
     return {
         "device": "cuda" if cuda else "cpu",
         "device_name": torch.cuda.get_device_name() if cuda else platform.machine(),
@@ -445,7 +446,7 @@ def results_markdown(runs: list[Run], where: dict[str, Any]) -> str:
     from benchmarks.inductor_peaks import inductor_peaks_section
     from benchmarks.training_loop import training_loop_section
 
-    lines += sweep_section(where) + compiled_section(where) + training_loop_section(where)
+    lines += sweep_section(where) + compiled_section() + training_loop_section(where)
     lines += inductor_peaks_section(where)
     for model in dict.fromkeys(r.model for r in runs):
         rows = [r for r in runs if r.model == model]

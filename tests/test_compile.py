@@ -56,7 +56,13 @@ class Transfer(torch.nn.Module):
 
 
 def test_transfer_ops_are_ordinary_ops_to_inductor_and_export() -> None:
-    x = torch.randn(8, 8)
+    check_transfer_ops(torch.device("cpu"))
+
+
+def check_transfer_ops(device: torch.device) -> None:
+    """The transfer ops on `device`: compiled by inductor, exported, saved and loaded, with
+    the numerics of the uncompiled module."""
+    x = torch.randn(8, 8, device=device)
     expected = Transfer()(x)
     torch._dynamo.reset()
     torch.testing.assert_close(torch.compile(Transfer())(x), expected)
@@ -70,7 +76,11 @@ def test_transfer_ops_are_ordinary_ops_to_inductor_and_export() -> None:
 
 
 def test_inductor_runs_an_offload_plan() -> None:
-    example = example_of("mlp")
+    check_offload_plan_under_inductor(example_of("mlp"))
+
+
+def check_offload_plan_under_inductor(example: Example) -> None:
+    """An offload plan at 50%, compiled by inductor, trains to inductor's tolerance."""
     expected = eager_grads(example)
     tolerance = inductor_errors(example, expected)
     torch._dynamo.reset()
@@ -89,7 +99,11 @@ def test_inductor_trains_like_eager_within_the_budget(name: str) -> None:
     and at the least: gradients to inductor's own tolerance, and the allocator's peak of
     the compiled step within the budget and within 5% of the prediction of what Inductor
     runs (ResNet's kernels hold more than its planned graphs: it is planned again lower)."""
-    example = example_of(name)
+    check_inductor_within_budget(example_of(name))
+
+
+def check_inductor_within_budget(example: Example) -> None:
+    """The assertions of the test above, for `example` on its own device."""
     expected = eager_grads(example)
     tolerance = inductor_errors(example, expected)
     for budget in ["70%", LEAST]:
@@ -135,7 +149,11 @@ def _train_and_compare(
 def test_a_changing_batch_and_sequence_length_train_like_eager() -> None:
     """An epoch's smaller last batch and a new sequence length: Dynamo recompiles with
     symbolic sizes, and memplan plans them at their hints, or again for a call's sizes."""
-    example = _gpt2()
+    check_changing_shapes(_gpt2())
+
+
+def check_changing_shapes(example: Example) -> None:
+    """Five steps of GPT-2 at changing batch sizes and sequence lengths under 60%."""
     torch._dynamo.reset()
     backend = memplan.backend(budget="60%", progress=False)
     model = copy.deepcopy(example.model)
@@ -236,8 +254,14 @@ class ThreeBreaks(torch.nn.Module):
 
 
 def test_three_graph_breaks_hold_one_budget_for_the_step() -> None:
+    check_three_graph_breaks(torch.device("cpu"))
+
+
+def check_three_graph_breaks(device: torch.device) -> None:
+    """Four graphs under one absolute budget, 90% of eager's peak, on `device`: the
+    allocator's peak of the step stays within it and the gradients are eager's."""
     torch.manual_seed(0)
-    model, inputs = ThreeBreaks(), (torch.randn(2048, 64),)
+    model, inputs = ThreeBreaks().to(device), (torch.randn(2048, 64, device=device),)
     eager = steady_step_peak(model, model, inputs)
     budget = int(0.9 * eager)
     torch._dynamo.reset()

@@ -26,6 +26,12 @@ class Example:
     inputs: tuple[torch.Tensor, ...]
     block: type[nn.Module] | None = None
 
+    def to(self, device: torch.device | str) -> Example:
+        """This example on `device`: the model moved there, the inputs copied."""
+        device = torch.device(device)
+        inputs = tuple(x.to(device) for x in self.inputs)
+        return Example(self.name, self.model.to(device), inputs, self.block)
+
 
 class LossOf(nn.Module):
     """Wraps a transformers model called with keywords so that forward(*inputs) -> loss."""

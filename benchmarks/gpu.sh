@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The checks that need a CUDA GPU, in one command, for a machine whose python already has
+# a CUDA build of torch (and transformers, rich, matplotlib, networkx, pytest-xdist and
+# pytest-timeout): tests/test_gpu.py, then the head-to-head against torch.compile
+# (benchmarks.compiled) on the GPU. Everything lands in OUTDIR: the machine, the test log,
+# and the benchmark's log, JSON, page and plots.
+#   benchmarks/gpu.sh OUTDIR smoke   the tests, then a small head-to-head (no results)
+#   benchmarks/gpu.sh OUTDIR full    the tests, then the head-to-head at the bench sizes
+#                                    for MODELS (default: gpt2 resnet50)
+# TEST_SECONDS and BENCH_SECONDS bound each part, so that a slow part leaves the other its
+# time; the benchmark writes its JSON after each model.
+set -u
+out=${1:?usage: benchmarks/gpu.sh OUTDIR smoke|full}
+mode=${2:?usage: benchmarks/gpu.sh OUTDIR smoke|full}
+python=${PYTHON:-python3}
+export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+mkdir -p "$out"
+
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  $python -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)'
+  nproc
+} > "$out/machine.txt" 2>&1
+cat "$out/machine.txt"
+
+started=$(date +%s)
+timeout "${TEST_SECONDS:-240}" $python -m pytest tests/test_gpu.py -q -rA -p no:logging \
+  -p no:cacheprovider -n "${WORKERS:-6}" --timeout "${TEST_TIMEOUT:-200}" --durations=0 \
+  > "$out/tests.log" 2>&1
+echo "tests: exit $? after $(( $(date +%s) - started )) s"
+tail -n 40 "$out/tests.log"
+
+started=$(date +%s)
+if [ "$mode" = smoke ]; then
+  set -- --sizes small --models gpt2 resnet50 --budgets 1.0 0.0 --shares 50% --out "$out/smoke"
+else
+  # shellcheck disable=SC2086  # MODELS is a list of names
+  set -- --models ${MODELS:-gpt2 resnet50} --out "$out/bench"
+fi
+timeout "${BENCH_SECONDS:-300}" $python -m benchmarks.compiled --device cuda "$@" \
+  > "$out/bench.log" 2>&1
+echo "benchmark: exit $? after $(( $(date +%s) - started )) s"
+grep -v "━" "$out/bench.log" | tail -n 20
