@@ -290,26 +290,31 @@ def _with_plans(run: CompiledRun, plans: list[Plan]) -> CompiledRun:
 
 
 def bench_model(
-    name: str, preset: str, config: argparse.Namespace, advance: Callable[[str, int], None]
+    name: str,
+    preset: str,
+    config: argparse.Namespace,
+    advance: Callable[[list[CompiledRun], int], None],
 ) -> list[CompiledRun]:
-    """Every run on one model, in order; `advance(label, runs)` after each."""
+    """Every run on one model, in order; after each, `advance(the runs so far, how many
+    runs of runs_per_model it stands for)`."""
     try:  # builds the model and takes eager's gradients, the reference of every run
         example = ZOO[name](**sizes_of(name, preset)).to(config.device)
         bench = Bench(example, config.repeats, config.time_limit)
         runner = Compiled(bench, config.solver, config.time_limit)
         runs = [runner.eager()]
     except Exception as error:  # nothing to compare with: the model's other runs are void
-        advance("eager", runs_per_model(config))
-        return [CompiledRun(name, "eager", "", None, f"error: {one_line(error)}")]
-    advance(runs[-1].label, 1)
+        runs = [CompiledRun(name, "eager", "", None, f"error: {one_line(error)}")]
+        advance(runs, runs_per_model(config))
+        return runs
+    advance(runs, 1)
     for budget in config.budgets:
         runs.append(runner.pytorch(budget))
-        advance(runs[-1].label, 1)
+        advance(runs, 1)
     for share in config.shares:
         runs.append(runner.memplan(share, share))
-        advance(runs[-1].label, 1)
+        advance(runs, 1)
     runs.append(runner.least())
-    advance(runs[-1].label, 1)
+    advance(runs, 1)
     # A memplan point beside every torch.compile point: at its peak, as an absolute budget.
     for point in [r for r in runs if r.method == "pytorch"]:
         if point.measured:
@@ -325,7 +330,7 @@ def bench_model(
                     "error: the torch.compile point was not measured",
                 )
             )
-        advance(runs[-1].label, 1)
+        advance(runs, 1)
     # The second target's question asked directly: memplan at LOWER_REQUIRED below
     # torch.compile's least measured peak, as an absolute budget (the least plan above
     # may recompute more than that peak needs, and so be slower).
@@ -340,7 +345,7 @@ def bench_model(
                 "error: no torch.compile point was measured",
             )
         )  # fmt: skip
-    advance(runs[-1].label, 1)
+    advance(runs, 1)
     return runs
 
 
@@ -623,17 +628,18 @@ def main(argv: list[str] | None = None) -> None:
         task = progress.add_task("compiling", total=runs_per_model(args) * len(args.models))
         for name in args.models:
 
-            def advance(label: str, runs: int, name: str = name) -> None:
-                progress.update(task, advance=runs, description=f"{name}: {label}")
+            def advance(runs: list[CompiledRun], count: int, name: str = name) -> None:
+                progress.update(task, advance=count, description=f"{name}: {runs[-1].label}")
+                saved["models"][name] = {
+                    "date": where["date"],
+                    "sizes": sizes_of(name, args.sizes),
+                    "runs": [asdict(r) for r in runs],
+                }
+                saved["models"] = {m: saved["models"][m] for m in SIZES if m in saved["models"]}
+                # After each run: a run cut off by a time limit or a crash keeps what it took.
+                write_json_atomically(path, saved)
 
-            runs = bench_model(name, args.sizes, args, advance)
-            saved["models"][name] = {
-                "date": where["date"],
-                "sizes": sizes_of(name, args.sizes),
-                "runs": [asdict(r) for r in runs],
-            }
-            saved["models"] = {m: saved["models"][m] for m in SIZES if m in saved["models"]}
-            write_json_atomically(path, saved)  # after each model: a crash keeps the others
+            bench_model(name, args.sizes, args, advance)
     write_report(saved, outputs)
     console.print(f"wrote {path}, {outputs.page} and compiled_*_{args.device}.png")
 

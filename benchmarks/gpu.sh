@@ -6,14 +6,18 @@
 # and the benchmark's log, JSON, page and plots.
 #   benchmarks/gpu.sh OUTDIR smoke   the tests, then a small head-to-head (no results)
 #   benchmarks/gpu.sh OUTDIR full    the tests, then the head-to-head at the bench sizes
-#                                    for MODELS (default: gpt2 resnet50)
+#                                    for MODELS (default: gpt2 resnet50) at torch.compile's
+#                                    BUDGETS and memplan's SHARES (default: the benchmark's)
 # TEST_SECONDS and BENCH_SECONDS bound each part, so that a slow part leaves the other its
 # time; the benchmark writes its JSON after each model.
 set -u
 out=${1:?usage: benchmarks/gpu.sh OUTDIR smoke|full}
 mode=${2:?usage: benchmarks/gpu.sh OUTDIR smoke|full}
 python=${PYTHON:-python3}
-export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+# FORCE_COLOR: rich draws its progress bars into the logs too, so a run cut off by its
+# time limit still says how far it got.
+export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 FORCE_COLOR=1 COLUMNS=120
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$out"
 
 {
@@ -34,10 +38,12 @@ started=$(date +%s)
 if [ "$mode" = smoke ]; then
   set -- --sizes small --models gpt2 resnet50 --budgets 1.0 0.0 --shares 50% --out "$out/smoke"
 else
-  # shellcheck disable=SC2086  # MODELS is a list of names
-  set -- --models ${MODELS:-gpt2 resnet50} --out "$out/bench"
+  # shellcheck disable=SC2086  # lists of names and figures
+  set -- --models ${MODELS:-gpt2 resnet50} ${BUDGETS:+--budgets $BUDGETS} \
+    ${SHARES:+--shares $SHARES} --out "$out/bench"
 fi
 timeout "${BENCH_SECONDS:-300}" $python -m benchmarks.compiled --device cuda "$@" \
   > "$out/bench.log" 2>&1
 echo "benchmark: exit $? after $(( $(date +%s) - started )) s"
-grep -v "━" "$out/bench.log" | tail -n 20
+tr '\r' '\n' < "$out/bench.log" | grep -v "━" | tail -n 20
+tr '\r' '\n' < "$out/bench.log" | grep "━" | tail -n 1

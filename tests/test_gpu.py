@@ -6,21 +6,24 @@ Skipped where CUDA is not available (the CPU runs are in test_e2e.py and test_co
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterator
+
 import pytest
 import torch
 from test_compile import (
-    _gpt2,
     check_changing_shapes,
     check_inductor_within_budget,
     check_offload_plan_under_inductor,
     check_three_graph_breaks,
     check_transfer_ops,
+    max_grad_errors,
 )
-from test_e2e import example_of
+from test_e2e import eager_grads, example_of, train_step
 
 import memplan
-from memplan.tools.verify import verify
-from memplan.tools.zoo import ZOO
+from memplan.tools.verify import Verification, verify
+from memplan.tools.zoo import ZOO, Example
 
 pytestmark = [
     pytest.mark.gpu,
@@ -30,30 +33,67 @@ MODELS = ["mlp", "cnn", "gpt2", "bert", "vit", "resnet"]
 CUDA = torch.device("cuda")
 
 
+@pytest.fixture(autouse=True)
+def full_precision_convolutions() -> Iterator[None]:
+    """cuDNN runs float32 convolutions in TF32 by default (matrix products it leaves in
+    float32): rounded to 10 bits, a planned step and eager's differ by the choice of
+    kernel, not by the plan. The checks compare the plan's numerics, in float32."""
+    before = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32 = before
+
+
+def traced_error(example: Example) -> float:
+    """Twice the largest distance of the step AOTAutograd traces, run eagerly ("aot_eager"),
+    from eager's gradients (or 1e-6). On a GPU the traced graph may run other kernels than
+    eager does (batch norm's, say), reducing in another order: a plan must add nothing to
+    that, but cannot remove it."""
+    expected = eager_grads(example)
+    torch._dynamo.reset()
+    model = copy.deepcopy(example.model)
+    train_step(torch.compile(model, backend="aot_eager"), example.inputs)()
+    return max(2 * max(max_grad_errors(model, expected)), 1e-6)
+
+
+def check_planned(example: Example, plan: memplan.Plan) -> Verification:
+    """The planned step against eager's: on the GPU's allocator, within the budget and the
+    prediction's tolerance, with eager's gradients (or as near as the traced step is)."""
+    check = verify(example.model, example.inputs, plan)
+    assert check.method == "cuda"
+    assert check.within_budget, check.problems()
+    assert abs(check.prediction_error) <= check.tolerance, check.problems()
+    if not check.grads_match:
+        assert check.max_grad_error <= traced_error(example), check.problems()
+    return check
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_planned_step_on_gpu_matches_eager_and_prediction(name: str) -> None:
     example = ZOO[name]().to(CUDA)
-    for budget in ["100%", "70%", "50%"]:
+    # ResNet's least is 58% of its unplanned peak on CPU: 50% is refused.
+    for budget in ["100%", "70%", "65%" if name == "resnet" else "50%"]:
         plan = memplan.plan(example.model, example.inputs, budget=budget, progress=False)
-        check = verify(example.model, example.inputs, plan)
-        assert check.method == "cuda"
-        assert check.ok, (budget, check.problems())
+        check_planned(example, plan)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "resnet"])
-def test_offload_lowers_the_device_peak(name: str) -> None:
+# On an H100 recomputing these small models is faster than any host link: given the
+# link's real speed, greedy offloads nothing. An (unreal) link of 10 TB/s makes offloads
+# the cheaper choice, so that they run and lower the peak; the peak does not depend on it.
+@pytest.mark.parametrize(("name", "budget"), [("gpt2", "50%"), ("resnet", "65%")])
+def test_offload_lowers_the_device_peak(name: str, budget: str) -> None:
     example = ZOO[name]().to(CUDA)
     plan = memplan.plan(
         example.model,
         example.inputs,
-        budget="50%",
+        budget=budget,
         offload=True,
+        bandwidth=1e13,
         offload_threshold=0,
         progress=False,
     )
     assert plan.counts()["offload"] > 0
-    check = verify(example.model, example.inputs, plan)
-    assert check.ok, check.problems()
+    check = check_planned(example, plan)
     assert check.measured_peak < check.eager_peak
 
 
@@ -71,7 +111,10 @@ def test_inductor_runs_an_offload_plan_on_gpu() -> None:
 
 
 def test_changing_shapes_on_gpu_train_like_eager() -> None:
-    check_changing_shapes(_gpt2().to(CUDA))
+    # Wider than the CPU test's GPT-2: the CUDA allocator rounds every tensor up to 512 B,
+    # which at width 32 makes 60% of the step infeasible at some of the shapes.
+    example = ZOO["gpt2"](batch=4, seq=32, layers=2, width=128)
+    check_changing_shapes(example.to(CUDA))
 
 
 def test_three_graph_breaks_hold_one_budget_on_gpu() -> None:

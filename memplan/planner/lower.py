@@ -20,6 +20,7 @@ from memplan.errors import UnsupportedModel
 from memplan.graph import Graph, Node, NodeKind
 from memplan.passes.recompute import can_recompute
 from memplan.passes.rewrite import Lowered
+from memplan.planner.granularity import allocated_bytes
 from memplan.planner.options import DEFAULT_OFFLOAD_THRESHOLD
 from memplan.planner.shapes import hint
 
@@ -77,7 +78,7 @@ def lower(
         alias_of = carved_from = None
         if isinstance(val, torch.Tensor):
             key = StorageWeakRef(val.untyped_storage())
-            nbytes = size(val.untyped_storage().nbytes())
+            nbytes = allocated_bytes(size(val.untyped_storage().nbytes()), val.device)
             if key in owner_of_storage:
                 alias_of, nbytes = owner_of_storage[key], 0
             else:
@@ -149,7 +150,7 @@ def _fresh_bytes(
             key = StorageWeakRef(item.untyped_storage())
             if key not in owner_of_storage and key not in seen:
                 seen.add(key)
-                total += size(item.untyped_storage().nbytes())
+                total += allocated_bytes(size(item.untyped_storage().nbytes()), item.device)
     return total
 
 

@@ -21,6 +21,7 @@ from torch.utils._pytree import tree_leaves
 
 from memplan.passes.host_memory import add_host_storage, is_host_storage
 from memplan.planner.allocator import recording
+from memplan.planner.granularity import allocated_bytes
 
 # Live trackers, so that marking a storage host-resident after it was counted uncounts it.
 _TRACKERS: weakref.WeakSet[LiveStorageTracker] = weakref.WeakSet()
@@ -97,7 +98,7 @@ class LiveStorageTracker(TorchDispatchMode):
             key = id(storage)
             if key in self._live:
                 return
-            nbytes = storage.nbytes()
+            nbytes = allocated_bytes(storage.nbytes(), storage.device)
             self._live[key] = (weakref.ref(storage, partial(self._release, key)), nbytes)
             self.current += nbytes
             self.peak = max(self.peak, self.current)
