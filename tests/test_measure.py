@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from memplan.passes.offload import OFFLOAD
+from memplan.planner.granularity import allocated_bytes
 from memplan.planner.measure import (
     LiveStorageTracker,
     Measurement,
@@ -174,3 +175,9 @@ def test_the_allocator_skips_frees_of_blocks_from_before_the_step():
 
     measure_peak(allocate, resident=[], device=CPU, method="allocator")
     assert measure_peak(step, resident=[], device=CPU, method="allocator").peak_bytes == 8192
+
+
+def test_cuda_sizes_are_the_caching_allocators_blocks() -> None:
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert [allocated_bytes(n, cuda) for n in (0, 1, 512, 513, 4096)] == [0, 512, 512, 1024, 4096]
+    assert [allocated_bytes(n, cpu) for n in (0, 1, 513)] == [0, 1, 513]
