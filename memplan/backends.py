@@ -69,12 +69,6 @@ def _inductor_decompositions() -> dict[Any, Callable[..., Any]]:
     return select_decomp_table()
 
 
-# Inductor's settings under memplan. Layout optimization turns convolutions' activations
-# channels-last, with copies the plan never saw: memplan plans the layouts of the graph as
-# traced (PlanOptions.convolution_copies). `inductor_config=` overrides these.
-INDUCTOR_CONFIG: dict[str, Any] = {"layout_optimization": False}
-
-
 def _inductor(settings: dict[str, Any]) -> Callable[..., Any]:
     """Inductor's compile of one planned graph, under `settings` (torch._inductor.config)."""
 
@@ -105,8 +99,10 @@ class MemplanBackend:
         self.options = PlanOptions(solver=solver, **{"best_effort": True, **options})
         # Eager runs the planned graphs as generated code that frees each value after its
         # last use, as the API path does, so saved activations die where the plan frees them.
-        settings = {**INDUCTOR_CONFIG, **(inductor_config or {})}
-        self.inner = boxed_runner if inner == "eager" else _inductor(settings)
+        # Inductor runs with torch.compile's own settings (layout optimization included:
+        # the channels-last copies of convolutions' weights and activations it makes are
+        # seen by the check of the compiled graphs, compiled_peak.py), unless overridden.
+        self.inner = boxed_runner if inner == "eager" else _inductor(inductor_config or {})
         self.checks_compiled = inner == "inductor"
         # Inductor lowers only graphs decomposed by its own table (as torch.compile's
         # default backend traces them): planned on the decomposed graph, the plan is of
@@ -379,7 +375,7 @@ def backend(
     **options: Any,
 ) -> MemplanBackend:
     """A memplan backend for torch.compile with the given budget, solver and inner compiler
-    (`inductor_config`: settings of torch._inductor.config over memplan's INDUCTOR_CONFIG)."""
+    (`inductor_config`: settings of torch._inductor.config to compile under)."""
     return MemplanBackend(budget, solver, inner, inductor_config, **options)
 
 

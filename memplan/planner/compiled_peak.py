@@ -90,10 +90,17 @@ def _compiled_peak(plan: Plan, graphs: Sequence[CompiledGraph], device: torch.de
         return plan.predicted_peak
     forward, *rest = graphs
     made = [_materialize(x) for x in forward.example_inputs]
+    # The step's own tensors (parameters, buffers, inputs): held by the caller through the
+    # step, so no graph's memory. What else a graph is handed is its own.
+    resident = {
+        x.untyped_storage().data_ptr()
+        for name, x in zip(forward.inputs, made, strict=True)
+        if name.startswith(RESIDENT_PREFIX) and isinstance(x, torch.Tensor)
+    }
     # Each backward runs on what its own forward returned: Inductor's forward may return
     # other strides than the unfused one (channels-last, say), as its backward expects.
-    unfused, unfused_bytes = _peak_of(forward.unfused, forward, made, device)
-    compiled, compiled_bytes = _peak_of(forward.compiled, forward, made, device)
+    unfused, unfused_bytes = _peak_of(forward.unfused, made, resident, device)
+    compiled, compiled_bytes = _peak_of(forward.compiled, made, resident, device)
     peaks = [max(plan.timeline[:split]) + compiled_bytes - unfused_bytes]
     if rest and split < len(plan.timeline):
         (backward,) = rest
@@ -103,10 +110,10 @@ def _compiled_peak(plan: Plan, graphs: Sequence[CompiledGraph], device: torch.de
             if name not in forward.outputs and name not in forward.inputs
         }
         unfused_bytes = _peak_of(
-            backward.unfused, backward, _fed(backward, forward, made, unfused, gradients), device
+            backward.unfused, _fed(backward, forward, made, unfused, gradients), resident, device
         )[1]
         compiled_bytes = _peak_of(
-            backward.compiled, backward, _fed(backward, forward, made, compiled, gradients), device
+            backward.compiled, _fed(backward, forward, made, compiled, gradients), resident, device
         )[1]
         peaks.append(max(plan.timeline[split:]) + compiled_bytes - unfused_bytes)
     return max(peaks)
@@ -127,33 +134,35 @@ def _fed(
 
 
 def _peak_of(
-    run: Runner, graph: CompiledGraph, inputs: list[Any], device: torch.device
+    run: Runner, inputs: list[Any], resident: set[int], device: torch.device
 ) -> tuple[Any, int]:
     """What one boxed call returns, and the allocator's peak over the call (measure.py,
-    nothing counted as resident) with copies of its inputs made inside what is measured:
-    an input the step keeps (RESIDENT_PREFIX) is held through it, the others are freed
-    as the graph consumes them, as in the step."""
-    resident = [name.startswith(RESIDENT_PREFIX) for name in graph.inputs]
+    nothing counted as resident). Inputs whose storage is in `resident` are handed as they
+    are; the others are copied inside what is measured and freed as the graph consumes
+    them, as in the step. So a parameter an unfused forward saves costs nothing, while
+    the channels-last copy of it Inductor's forward may save in its place is counted."""
     # A first, unmeasured call: what it sets up once and later calls reuse (the cuBLAS
     # workspace a CUDA stream gets at its first matrix product, tens of MiB) is not the
     # graph's, as steady_step_peak's unmeasured first step keeps it out of the step's.
-    _call(run, inputs, resident)
+    run(_handed(inputs, resident))
     results: list[Any] = []
 
     def call() -> None:
-        results.extend(_call(run, inputs, resident))
+        results.append(run(_handed(inputs, resident)))
 
     peak = measure_peak(call, resident=[], device=device).peak_bytes
-    returned, _held = results
-    return returned, peak
+    return results[0], peak
 
 
-def _call(run: Runner, inputs: list[Any], resident: list[bool]) -> tuple[Any, list[Any]]:
-    """Call `run` on fresh copies of `inputs` (a compiled graph may write into an input
-    it was handed to keep); returns its outputs and the resident copies."""
-    copies = _copies(inputs)
-    held = [x for x, kept in zip(copies, resident, strict=True) if kept]
-    return run(copies), held
+def _handed(inputs: list[Any], resident: set[int]) -> list[Any]:
+    """The list a boxed call consumes: `inputs`, with fresh copies of those not resident
+    (a compiled graph may write into an input it was handed)."""
+    own = [
+        not (isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr() in resident)
+        for x in inputs
+    ]
+    copies = iter(_copies([x for x, copied in zip(inputs, own, strict=True) if copied]))
+    return [next(copies) if copied else x for x, copied in zip(inputs, own, strict=True)]
 
 
 def _copies(values: list[Any]) -> list[Any]:
