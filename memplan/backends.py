@@ -102,7 +102,17 @@ class MemplanBackend:
         # Inductor runs with torch.compile's own settings (layout optimization included:
         # the channels-last copies of convolutions' weights and activations it makes are
         # seen by the check of the compiled graphs, compiled_peak.py), unless overridden.
-        self.inner = boxed_runner if inner == "eager" else _inductor(inductor_config or {})
+        settings = inductor_config or {}
+        self.inner = boxed_runner if inner == "eager" else _inductor(settings)
+        # Where the check of a compiled graph cannot run, what layout optimization adds (a
+        # channels-last copy saved in a parameter's place) would go unseen: that graph is
+        # compiled again without it, where the unfused prediction holds. Unless the user
+        # chose the setting.
+        self.without_layout = (
+            _inductor({**settings, "layout_optimization": False})
+            if inner == "inductor" and "layout_optimization" not in settings
+            else None
+        )
         self.checks_compiled = inner == "inductor"
         # Inductor lowers only graphs decomposed by its own table (as torch.compile's
         # default backend traces them): planned on the decomposed graph, the plan is of
@@ -175,11 +185,17 @@ class MemplanBackend:
         difference (_next_aim), and the round fastest within the budget (else the least
         over it) is kept."""
         first = len(partitioner.plans)
-        compiled, graphs = self._aot(gm, example_inputs, partitioner)
+        inner = self.inner
+        compiled, graphs = self._aot(gm, example_inputs, partitioner, inner)
         if not self.checks_compiled or len(partitioner.plans) == first:
             self.plans.extend(partitioner.plans[first:])
             return compiled
-        rounds = [self._checked(partitioner, first, compiled, graphs)]
+        rounds = [self._checked(partitioner, first, compiled, graphs, self.without_layout)]
+        if not rounds[0][1].compiled_peak and self.without_layout is not None:
+            inner = self.without_layout
+            compiled, graphs = self._aot(gm, example_inputs, partitioner, inner)
+            partitioner.keep_only(first, 1, partitioner.plans[first + 1])
+            rounds = [self._checked(partitioner, first, compiled, graphs)]
         target = rounds[0][1].budget  # the graph's budget as first planned
         options, budget = partitioner.options, partitioner.budget
         try:
@@ -195,7 +211,7 @@ class MemplanBackend:
                 start = len(partitioner.plans)
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", MemplanWarning)
-                    compiled, graphs = self._aot(gm, example_inputs, partitioner)
+                    compiled, graphs = self._aot(gm, example_inputs, partitioner, inner)
                 rounds.append(self._checked(partitioner, start, compiled, graphs))
         finally:
             partitioner.options, partitioner.budget = options, budget
@@ -228,11 +244,16 @@ class MemplanBackend:
         return compiled
 
     def _aot(
-        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], partitioner: Partitioner
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        partitioner: Partitioner,
+        compiler: Callable[..., Any],
     ) -> tuple[Callable[..., Any], CompiledGraphs | None]:
-        """One AOTAutograd compile; under Inductor, the graphs it compiled, the backward
-        lowered at once (not at the first backward) so that it can be checked."""
-        inner = CompiledGraphs(self.inner) if self.checks_compiled else self.inner
+        """One AOTAutograd compile with `compiler` inside; under Inductor, the graphs it
+        compiled, the backward lowered at once (not at the first backward) so that it can
+        be checked."""
+        inner = CompiledGraphs(compiler) if self.checks_compiled else compiler
         with functorch_config.patch(force_non_lazy_backward_lowering=self.checks_compiled):
             compiled = aot_autograd(
                 fw_compiler=inner,
@@ -248,14 +269,19 @@ class MemplanBackend:
         index: int,
         compiled: Callable[..., Any],
         graphs: CompiledGraphs | None,
+        retried: object = None,
     ) -> tuple[Callable[..., Any], Plan]:
-        """The round's compiled step and its plan with the peak of what Inductor runs."""
+        """The round's compiled step and its plan with the peak of what Inductor runs (none
+        where the check cannot run: said in a warning, unless the caller will compile the
+        graph again, `retried`)."""
         plan = partitioner.plans[-1]
         assert graphs is not None and len(partitioner.plans) == index + 1
         device = partitioner.lowered[-1].device
         try:
             peak = compiled_peak(plan, graphs.graphs, device)
         except Exception as error:  # a check that fails must not fail the user's compile
+            if retried is not None:
+                return compiled, plan
             warnings.warn(
                 f"{plan.name}: the peak of the graphs as Inductor compiled them could not "
                 f"be checked ({first_line(error)}); the prediction is the unfused graphs'",
