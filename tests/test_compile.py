@@ -13,6 +13,7 @@ import torch
 from test_e2e import eager_grads, example_of, train_step
 
 import memplan
+import memplan.backends as memplan_backends
 import memplan.planner.profile
 import memplan.planner.solve
 from memplan.errors import AllocatorUnreadable, InfeasibleBudget, MemplanWarning
@@ -386,3 +387,35 @@ def test_measuring_inside_a_users_profiler_is_a_clear_error() -> None:
             measure_peak(lambda: torch.ones(3) + 1, resident=[], device=torch.device("cpu"))
         torch.ones(5).sum()
     assert "aten::sum" in {e.key for e in users.key_averages()}
+
+
+def test_a_graph_the_check_cannot_run_is_compiled_without_layout_optimization(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Inductor's layout optimization saves channels-last copies only the check of the
+    compiled graphs sees: where that check fails, the graph is compiled again without it,
+    and a warning says the prediction is the unfused graphs'."""
+    import torch._inductor.compile_fx as compile_fx
+    from torch._inductor import config as inductor_config
+
+    def no_check(*_: object) -> int:
+        raise RuntimeError("the check cannot run")
+
+    settings: list[bool] = []
+    inner = compile_fx.compile_fx_inner
+
+    def recording(*args: object, **kwargs: object) -> object:
+        settings.append(inductor_config.layout_optimization)
+        return inner(*args, **kwargs)
+
+    monkeypatch.setattr(memplan_backends, "compiled_peak", no_check)
+    monkeypatch.setattr(compile_fx, "compile_fx_inner", recording)
+    example = ZOO["mlp"](batch=512)
+    torch._dynamo.reset()
+    backend = memplan.backend(budget="70%", progress=False)
+    model = copy.deepcopy(example.model)
+    with pytest.warns(MemplanWarning, match="could not be checked"):
+        _train_and_compare(torch.compile(model, backend=backend), model, example.inputs)
+    assert settings == [True, True, False, False]  # forward and backward, twice
+    (plan,) = backend.plans
+    assert plan.compiled_peak == 0 and plan.peak <= plan.budget
