@@ -9,7 +9,7 @@
 #                                    for MODELS (default: gpt2 resnet50) at torch.compile's
 #                                    BUDGETS and memplan's SHARES (default: the benchmark's)
 # TEST_SECONDS and BENCH_SECONDS bound each part, so that a slow part leaves the other its
-# time; the benchmark writes its JSON after each model.
+# time; the benchmark writes its JSON after each run.
 set -u
 out=${1:?usage: benchmarks/gpu.sh OUTDIR smoke|full}
 mode=${2:?usage: benchmarks/gpu.sh OUTDIR smoke|full}

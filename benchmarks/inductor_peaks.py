@@ -145,7 +145,8 @@ def main() -> None:
     where = machine()
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"inductor-peaks-{where['device']}.json"
-    # The models not run now keep their saved rows (of the date the page names).
+    # The models not run now keep their saved rows, measured by an earlier run; the page
+    # names this run's date only.
     saved = json.loads(out.read_text())["rows"] if out.exists() else []
     rows = [Row(**r) for r in saved if r["model"] not in args.models]
     for case in track(cases, description="inductor peaks"):

@@ -190,7 +190,8 @@ class MemplanBackend:
         if not self.checks_compiled or len(partitioner.plans) == first:
             self.plans.extend(partitioner.plans[first:])
             return compiled
-        rounds = [self._checked(partitioner, first, compiled, graphs, self.without_layout)]
+        again = self.without_layout is not None  # compiled again where the check fails
+        rounds = [self._checked(partitioner, first, compiled, graphs, quiet=again)]
         if not rounds[0][1].compiled_peak and self.without_layout is not None:
             inner = self.without_layout
             compiled, graphs = self._aot(gm, example_inputs, partitioner, inner)
@@ -269,18 +270,18 @@ class MemplanBackend:
         index: int,
         compiled: Callable[..., Any],
         graphs: CompiledGraphs | None,
-        retried: object = None,
+        quiet: bool = False,
     ) -> tuple[Callable[..., Any], Plan]:
         """The round's compiled step and its plan with the peak of what Inductor runs (none
-        where the check cannot run: said in a warning, unless the caller will compile the
-        graph again, `retried`)."""
+        where the check cannot run: said in a warning, unless `quiet`, where the caller
+        will compile the graph again)."""
         plan = partitioner.plans[-1]
         assert graphs is not None and len(partitioner.plans) == index + 1
         device = partitioner.lowered[-1].device
         try:
             peak = compiled_peak(plan, graphs.graphs, device)
         except Exception as error:  # a check that fails must not fail the user's compile
-            if retried is not None:
+            if quiet:
                 return compiled, plan
             warnings.warn(
                 f"{plan.name}: the peak of the graphs as Inductor compiled them could not "

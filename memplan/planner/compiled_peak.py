@@ -35,7 +35,7 @@ from memplan.planner.plan_file import Plan
 from memplan.planner.shapes import hint
 
 # Names AOTAutograd gives the step's own inputs (parameters, buffers, user inputs): the
-# caller holds them through the step, so a graph's run must not free them either.
+# caller holds them through the step, so they are no graph's memory.
 RESIDENT_PREFIX = "primals"
 
 Runner = Callable[[list[Any]], Any]
@@ -154,33 +154,24 @@ def _peak_of(
     return results[0], peak
 
 
-def _handed(inputs: list[Any], resident: set[int]) -> list[Any]:
-    """The list a boxed call consumes: `inputs`, with fresh copies of those not resident
-    (a compiled graph may write into an input it was handed)."""
-    own = [
-        not (isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr() in resident)
-        for x in inputs
-    ]
-    copies = iter(_copies([x for x, copied in zip(inputs, own, strict=True) if copied]))
-    return [next(copies) if copied else x for x, copied in zip(inputs, own, strict=True)]
-
-
-def _copies(values: list[Any]) -> list[Any]:
-    """Copies of `values` that keep their sizes, strides and aliasing: each storage copied
-    once, a view a view of its base's copy (a saved view keeps its base alive)."""
+def _handed(values: list[Any], resident: set[int]) -> list[Any]:
+    """The list a boxed call consumes: the tensors whose storage is in `resident` as they
+    are, fresh copies of the others (a compiled graph may write into an input it was
+    handed). The copies keep sizes, strides and aliasing: each storage copied once, a view
+    a view of its base's copy (a saved view keeps its base alive)."""
     storages: dict[int, torch.UntypedStorage] = {}
-    copies = []
+    handed = []
     for x in values:
-        if not isinstance(x, torch.Tensor):
-            copies.append(x)
+        if not isinstance(x, torch.Tensor) or x.untyped_storage().data_ptr() in resident:
+            handed.append(x)
             continue
         storage = x.untyped_storage()
         key = storage.data_ptr()
         if key not in storages:
             storages[key] = storage.clone()
         copy = torch.empty(0, dtype=x.dtype, device=x.device)
-        copies.append(copy.set_(storages[key], x.storage_offset(), x.size(), x.stride()))
-    return copies
+        handed.append(copy.set_(storages[key], x.storage_offset(), x.size(), x.stride()))
+    return handed
 
 
 def _materialize(value: Any) -> Any:
