@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import re
 
 import pytest
 import torch
@@ -81,17 +82,71 @@ def test_inductor_runs_an_offload_plan() -> None:
 
 
 def check_offload_plan_under_inductor(example: Example) -> None:
-    """An offload plan at 50%, compiled by inductor, trains to inductor's tolerance."""
+    """An offload plan at 50%, compiled by inductor, trains to inductor's tolerance, and
+    Inductor issues no prefetch earlier than the plan does."""
     expected = eager_grads(example)
     tolerance = inductor_errors(example, expected)
     torch._dynamo.reset()
     backend = memplan.backend(budget="50%", offload=True, offload_threshold=0, progress=False)
+    compiled_graphs = _recording_inner(backend)
     model = copy.deepcopy(example.model)
     train_step(torch.compile(model, backend=backend), example.inputs)()
     (plan,) = backend.plans
     assert plan.counts()["offload"] > 0
     errors = max_grad_errors(model, expected)
     assert all(e <= t for e, t in zip(errors, tolerance, strict=True)), (errors, tolerance)
+    backwards = [(g, code) for g, code in compiled_graphs if "memplan.prefetch" in code]
+    assert backwards
+    for planned, code in backwards:
+        issued = _products_before_prefetches(code)
+        assert issued.keys() == _planned_products_before_prefetches(planned).keys()
+        for host, products in _planned_products_before_prefetches(planned).items():
+            assert issued[host] >= products, (host, issued[host], products)
+
+
+def _recording_inner(backend: memplan_backends.MemplanBackend) -> list[tuple[list, str]]:
+    """Make `backend`'s Inductor record each graph it compiles: the planned graph's
+    (op, first input) in order, and the code Inductor made of it."""
+    compiled_graphs: list[tuple[list, str]] = []
+    inner = backend.inner
+
+    def recording(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        planned = [
+            (n.target, n.args[0].name if n.args and isinstance(n.args[0], torch.fx.Node) else "")
+            for n in gm.graph.nodes
+        ]
+        compiled = inner(gm, example_inputs)
+        compiled_graphs.append((planned, compiled.source_code))
+        return compiled
+
+    backend.inner = recording
+    return compiled_graphs
+
+
+PRODUCTS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+
+
+def _planned_products_before_prefetches(planned: list) -> dict[str, int]:
+    """Per host copy, how many matrix products the planned backward runs before its
+    prefetch."""
+    before, products = {}, 0
+    for target, first_input in planned:
+        products += target in PRODUCTS
+        if target is PREFETCH:
+            before[first_input] = products
+    return before
+
+
+def _products_before_prefetches(code: str) -> dict[str, int]:
+    """The same, read from Inductor's code: its matrix products are calls of
+    extern_kernels.mm or addmm, one per product of the graph."""
+    before, products = {}, 0
+    for line in code.splitlines():
+        products += bool(re.search(r"extern_kernels\.(mm|addmm)\(", line))
+        prefetch = re.search(r"memplan\.prefetch\.default\((\w+)", line)
+        if prefetch:
+            before[prefetch.group(1)] = products
+    return before
 
 
 @pytest.mark.parametrize("name", ["mlp", "gpt2", "resnet"])
@@ -154,10 +209,10 @@ def test_a_changing_batch_and_sequence_length_train_like_eager() -> None:
     check_changing_shapes(_gpt2())
 
 
-def check_changing_shapes(example: Example) -> None:
-    """Five steps of GPT-2 at changing batch sizes and sequence lengths under 60%."""
+def check_changing_shapes(example: Example, budget: str = "60%") -> None:
+    """Five steps of GPT-2 at changing batch sizes and sequence lengths under `budget`."""
     torch._dynamo.reset()
-    backend = memplan.backend(budget="60%", progress=False)
+    backend = memplan.backend(budget=budget, progress=False)
     model = copy.deepcopy(example.model)
     compiled = torch.compile(model, backend=backend)
     for batch, seq in [(4, 32), (2, 32), (4, 16), (3, 24), (4, 32)]:

@@ -111,10 +111,9 @@ def test_inductor_runs_an_offload_plan_on_gpu() -> None:
 
 
 def test_changing_shapes_on_gpu_train_like_eager() -> None:
-    # Wider than the CPU test's GPT-2: the CUDA allocator rounds every tensor up to 512 B,
-    # which at width 32 makes 60% of the step infeasible at some of the shapes.
-    example = ZOO["gpt2"](batch=4, seq=32, layers=2, width=128)
-    check_changing_shapes(example.to(CUDA))
+    # The CPU test's GPT-2 at 70%, not 60%: the CUDA allocator rounds every tensor up to
+    # 512 B, which puts the least of the smaller shapes at about 57% of their peaks.
+    check_changing_shapes(ZOO["gpt2"](batch=4, seq=32, layers=2, width=32).to(CUDA), "70%")
 
 
 def test_three_graph_breaks_hold_one_budget_on_gpu() -> None:

@@ -4,11 +4,18 @@
 implementations and declared mutation, so that inductor, torch.export, AOTAutograd's cache
 and FX serialization treat them as ordinary ops:
 - `offload(tensor) -> host` copies a tensor to (pinned) host memory on a copy stream;
-- `prefetch(host, device) -> landed` copies it back on that stream ahead of its use;
-- `wait(landed) -> ()` makes the compute stream wait for the copy. It returns nothing and
-  is declared to mutate `landed`: an op may not return an alias of its input, and the
+- `prefetch(host, device, after) -> landed` copies it back on that stream ahead of its use;
+- `wait(landed, after) -> ()` makes the compute stream wait for the copy. It returns nothing
+  and is declared to mutate `landed`: an op may not return an alias of its input, and the
   declared write orders every later read of `landed` after the wait, in inductor's
   scheduler as in the graph.
+
+`after` is read by neither: it is the value the planned backward computes just before the
+op, and reading it keeps the op where the plan put it. Without it, Inductor's reordering
+for peak memory moves every prefetch and wait to the start of the backward, where nothing
+but the host copy feeds them: its estimate counts the host copy the prefetch consumes as
+freed memory, so the move looks free, but on a GPU it lands every offloaded tensor on the
+device at once.
 
 Copies keep the tensor's strides, so that the backward reads the layout it was traced
 with. Where the device is the host (CPU) the copies still run, so the numerics are
@@ -66,8 +73,11 @@ def _offload_fake(tensor: torch.Tensor) -> torch.Tensor:
 
 
 @torch.library.custom_op("memplan::prefetch", mutates_args=())
-def prefetch(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Start a host-to-device copy on the copy stream; `wait` before using the result."""
+def prefetch(
+    host: torch.Tensor, device: torch.device, after: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Start a host-to-device copy on the copy stream; `wait` before using the result.
+    `after` only orders the call (the module's docstring)."""
     if device.type != "cuda":
         return _empty_like_on(host, device, pinned=False).copy_(host)
     stream = _copy_stream(device)
@@ -84,13 +94,16 @@ def prefetch(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 @prefetch.register_fake
-def _prefetch_fake(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+def _prefetch_fake(
+    host: torch.Tensor, device: torch.device, after: torch.Tensor | None = None
+) -> torch.Tensor:
     return _empty_like_on(host, device, pinned=False)
 
 
 @torch.library.custom_op("memplan::wait", mutates_args=("landed",))
-def wait(landed: torch.Tensor) -> None:
-    """Make the current stream wait for the tensor's prefetch."""
+def wait(landed: torch.Tensor, after: torch.Tensor | None = None) -> None:
+    """Make the current stream wait for the tensor's prefetch. `after` only orders the
+    call (the module's docstring)."""
     done = _copy_done.pop(landed, None)
     if done is not None:
         current = torch.cuda.current_stream(landed.device)
@@ -100,7 +113,7 @@ def wait(landed: torch.Tensor) -> None:
 
 
 @wait.register_fake
-def _wait_fake(landed: torch.Tensor) -> None:
+def _wait_fake(landed: torch.Tensor, after: torch.Tensor | None = None) -> None:
     return None
 
 

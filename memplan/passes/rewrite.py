@@ -205,6 +205,10 @@ def _backward_graph(
     for node in graph:
         if node.kind is NodeKind.TANGENT:
             values[fx_nodes[node.id]] = _copy(bw, fx_nodes[node.id], values)
+    # The latest storage the backward made (not a view, which may be of an input): a
+    # transfer reads it so that Inductor keeps the transfer where the plan put it
+    # (offload.py).
+    latest: fx.Node | None = None
     for step in steps:
         joint_node = fx_nodes[step.node]
         if isinstance(step, Compute):
@@ -214,14 +218,19 @@ def _backward_graph(
                 values[joint_node] = _copy(bw, joint_node, values)
             else:
                 values[joint_node] = _recompute(bw, joint_node, values)
+            if graph[step.node].bytes and graph[step.node].alias_of is None:
+                latest = values[joint_node]
         elif isinstance(step, Prefetch):
             in_transit[step.node] = _call_op(
-                bw, PREFETCH, (in_transit[step.node], device), f"prefetch_{joint_node.name}"
+                bw,
+                PREFETCH,
+                (in_transit[step.node], device, *_after(latest)),
+                f"prefetch_{joint_node.name}",
             )
         elif isinstance(step, Wait):
             # The wait writes nothing but is declared to, which orders the reads after it.
             landed = in_transit[step.node]
-            _call_op(bw, WAIT, (landed,), f"wait_{joint_node.name}")
+            _call_op(bw, WAIT, (landed, *_after(latest)), f"wait_{joint_node.name}")
             values[joint_node] = landed
         elif not isinstance(step, Free):
             raise ValueError(f"a {type(step).__name__} step cannot run in the backward")
@@ -237,6 +246,11 @@ def _call_op(target: fx.Graph, op: OpOverload, args: tuple[Any, ...], name: str)
     if all(isinstance(v, FakeTensor) for v in values if not isinstance(v, torch.device)):
         node.meta["val"] = op(*values)
     return node
+
+
+def _after(latest: fx.Node | None) -> tuple[fx.Node, ...]:
+    """A transfer's ordering argument: none before the backward has made a storage."""
+    return () if latest is None else (latest,)
 
 
 def _copy(target: fx.Graph, node: fx.Node, values: dict[fx.Node, fx.Node]) -> fx.Node:
