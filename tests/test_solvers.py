@@ -16,7 +16,7 @@ from memplan.simulate import simulate
 from memplan.solvers import REGISTRY, SolverOptions, available, get_solver
 from memplan.solvers.baselines import chen_sqrt, keep_all
 from memplan.solvers.greedy import solve as greedy
-from memplan.solvers.training import build_schedule, decider, recompute_chain_time
+from memplan.solvers.training import build_schedule
 
 STATUSES = {"optimal", "feasible", "infeasible", "timeout"}
 NO_LINK = SolverOptions()
@@ -155,40 +155,6 @@ def test_build_schedule_offload_needs_a_link():
     kinds = {type(s) for s in schedule.steps}
     assert {Offload, Prefetch, Wait} <= kinds
     simulate(g, schedule, bandwidth=1e6)
-
-
-# --- what a recompute chain reads ---------------------------------------------------------
-
-
-def _normalised() -> Graph:
-    """x; m = mean(x), costly; ms = a view of m, which the backward reads; y = x - m, which
-    the backward reads too; out = sum(y). A batch norm's saved mean is such a view."""
-    return Graph(
-        nodes=(
-            Node(0, "x", "input", bytes=8, kind=NodeKind.INPUT),
-            Node(1, "m", "mean", (0,), bytes=4, time=5.0),
-            Node(2, "ms", "squeeze", (1,), alias_of=1),
-            Node(3, "y", "sub", (0, 1), bytes=10, time=1.0),
-            Node(4, "out", "sum", (3,), bytes=4, time=1.0),
-            Node(5, "t", "tangent", bytes=4, kind=NodeKind.TANGENT),
-            Node(6, "dy", "backward", (5, 3, 2), bytes=10, time=1.0, is_backward=True),
-        ),
-        outputs=(4, 6),
-    )
-
-
-def test_a_recompute_reads_what_a_kept_view_pins_instead_of_running_it_again():
-    graph = _normalised()
-    assert graph.saved_candidates == (2, 3)
-    decisions = {2: Decision.KEEP, 3: Decision.RECOMPUTE}
-    # Recomputing y needs m, whose storage the kept view ms holds: only sub runs again.
-    assert recompute_chain_time(graph, [3], decider(graph, decisions)) == 1.0
-    backward = build_schedule(graph, decisions).steps
-    computed = [s.node for s in backward if isinstance(s, Compute)]
-    assert computed.count(1) == 1 and computed.count(3) == 2  # m once, y again
-    # With the view released too, nothing pins m: the chain runs the mean again.
-    released = {2: Decision.RECOMPUTE, 3: Decision.RECOMPUTE}
-    assert recompute_chain_time(graph, [3], decider(graph, released)) == 6.0
 
 
 # --- keep_all and chen_sqrt ----------------------------------------------------------------

@@ -23,10 +23,7 @@ from memplan.planner.options import PlanOptions
 from memplan.planner.plan_file import Plan
 from memplan.planner.profile_cache import device_name
 
-# Its version goes up when the solvers plan differently for the same key, so that a plan
-# kept by an older memplan is made again (v2: a recompute chain reads a value a saved view
-# pins instead of running it again).
-PLAN_DIR = "plans-v2"
+PLAN_DIR = "plans-v1"
 # Options that change how a plan is shown, not what it is.
 _NOT_IN_KEY = ("progress",)
 

@@ -32,24 +32,15 @@ from memplan.simulate import MemoryTrace, simulate
 
 
 def decider(graph: Graph, decisions: Mapping[int, Decision]) -> Callable[[int], Decision]:
-    """The decision for any forward node. Candidates (forward tensors the backward reads),
-    the nodes whose storage a kept candidate pins, and nodes that cannot be recomputed
-    default to keep; other nodes are dropped after the forward and recomputed if a
-    recompute chain needs them."""
+    """The decision for any forward node. Candidates (forward tensors the backward reads)
+    and nodes that cannot be recomputed default to keep; other nodes are dropped after the
+    forward and recomputed if a recompute chain needs them."""
     candidates = frozenset(graph.saved_candidates)
-    # A node whose storage a kept candidate pins (the candidate is a view of it: a batch
-    # norm's saved mean is a squeeze of the mean its forward subtracts) stays on the device
-    # through the backward anyway: a recompute chain reads it instead of running it again.
-    pinned = frozenset(
-        graph.storage_owner[v]
-        for v in candidates
-        if decisions.get(v, Decision.KEEP) is Decision.KEEP
-    )
 
     def decision(v: int) -> Decision:
         if v in decisions:
             return decisions[v]
-        if v in candidates or v in pinned or not graph[v].recomputable:
+        if v in candidates or not graph[v].recomputable:
             return Decision.KEEP
         return Decision.RECOMPUTE
 
