@@ -16,7 +16,7 @@ from memplan.simulate import simulate
 from memplan.solvers import REGISTRY, SolverOptions, available, get_solver
 from memplan.solvers.baselines import chen_sqrt, keep_all
 from memplan.solvers.greedy import solve as greedy
-from memplan.solvers.training import build_schedule
+from memplan.solvers.training import build_schedule, decider, recompute_chain_time
 
 STATUSES = {"optimal", "feasible", "infeasible", "timeout"}
 NO_LINK = SolverOptions()
@@ -155,6 +155,45 @@ def test_build_schedule_offload_needs_a_link():
     kinds = {type(s) for s in schedule.steps}
     assert {Offload, Prefetch, Wait} <= kinds
     simulate(g, schedule, bandwidth=1e6)
+
+
+# --- what a recompute chain reads ---------------------------------------------------------
+
+
+def _normalised() -> Graph:
+    """x; m = mean(x), costly; ms = a view of m, which the backward reads; y = x - m, which
+    the backward reads too; out = sum(y). A batch norm's saved mean is such a view."""
+    return Graph(
+        nodes=(
+            Node(0, "x", "input", bytes=8, kind=NodeKind.INPUT),
+            Node(1, "m", "mean", (0,), bytes=4, time=5.0),
+            Node(2, "ms", "squeeze", (1,), alias_of=1),
+            Node(3, "y", "sub", (0, 1), bytes=10, time=1.0),
+            Node(4, "out", "sum", (3,), bytes=4, time=1.0),
+            Node(5, "t", "tangent", bytes=4, kind=NodeKind.TANGENT),
+            Node(6, "dy", "backward", (5, 3, 2), bytes=10, time=1.0, is_backward=True),
+        ),
+        outputs=(4, 6),
+    )
+
+
+def test_a_recompute_reads_what_a_kept_view_pins_instead_of_running_it_again():
+    graph = _normalised()
+    assert graph.saved_candidates == (2, 3)
+    decisions = {2: Decision.KEEP, 3: Decision.RECOMPUTE}
+    # The kept view ms holds m's storage until dy reads it: recomputing y reads m there,
+    # so only sub runs again, and no second m is allocated.
+    backward = build_schedule(graph, decisions).steps
+    computed = [s.node for s in backward if isinstance(s, Compute)]
+    assert computed.count(1) == 1 and computed.count(3) == 2  # m once, y again
+    assert simulate(graph, build_schedule(graph, decisions)).time == 9.0  # 5 + 1 + 1 + 1 + 1
+    # Solvers may price the chain that way, or as running m again.
+    assert recompute_chain_time(graph, [3], decider(graph, decisions, read_pinned=True)) == 1.0
+    assert recompute_chain_time(graph, [3], decider(graph, decisions)) == 6.0
+    # With the view released too, nothing pins m: the chain runs the mean again.
+    released = {2: Decision.RECOMPUTE, 3: Decision.RECOMPUTE}
+    computed = [s.node for s in build_schedule(graph, released).steps if isinstance(s, Compute)]
+    assert computed.count(1) == 2
 
 
 # --- keep_all and chen_sqrt ----------------------------------------------------------------

@@ -23,7 +23,9 @@ from memplan.planner.options import PlanOptions
 from memplan.planner.plan_file import Plan
 from memplan.planner.profile_cache import device_name
 
-PLAN_DIR = "plans-v1"
+# Its version goes up when the solvers plan differently for the same key, so that a plan
+# kept by an older memplan is made again (v2: recompute chains read what kept views pin).
+PLAN_DIR = "plans-v2"
 # Options that change how a plan is shown, not what it is.
 _NOT_IN_KEY = ("progress",)
 

@@ -38,15 +38,20 @@ from memplan.solvers.training import (
 # Storages live at the peak that are scored per round, largest first: bounds the work
 # per round on big graphs, where the largest storages are the ones worth releasing.
 _CANDIDATES_PER_ROUND = 64
+# Whether a descent prices a recompute chain as reading the values kept views pin
+# (training.pinned_owners) or as running them again. The schedule reads them either way
+# while it can at no memory; the cheaper estimates lead a descent elsewhere, not always
+# lower (ResNet's least is 1 MiB higher by them alone), so descents run both ways.
+PINNED_ESTIMATES = (True, False)
 # From this many nodes, alike storages are released together (see the module). Below it a
 # descent's path does not depend on the budget, which makes the peak monotone in it.
 BULK_FROM = 3000
 
 
 def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResult:
-    """Descend from two starting points, keep-all and Chen's sqrt(n) checkpoints, and
-    return the fastest state any descent passed through within the budget (or the least
-    peak, when the budget is None or none fits).
+    """Descend from two starting points, keep-all and Chen's sqrt(n) checkpoints, each
+    way of PINNED_ESTIMATES, and return the fastest state any descent passed through
+    within the budget (or the least peak, when the budget is None or none fits).
 
     Each descent releases storages cheapest per byte first. Where that does not reach the
     budget (or when minimizing), descents that release the largest storages first run
@@ -77,10 +82,17 @@ def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResu
 
     runs: list[_Run] = []
     for way in ways:
-        made = [_descend(graph, s, target, deadline, way, o, twins) for o in orders for s in starts]
+        made = [
+            _descend(graph, s, target, deadline, way, o, twins, pins)
+            for o in orders
+            for s in starts
+            for pins in PINNED_ESTIMATES
+        ]
         if budget is not None and all(r.least.peak > budget for r in made):
             made += [
-                _descend(graph, s, target, deadline, way, _largest_first, twins) for s in starts
+                _descend(graph, s, target, deadline, way, _largest_first, twins, pins)
+                for s in starts
+                for pins in PINNED_ESTIMATES
             ]
         runs += made
     passed = [state for run in runs for state in run.states]
@@ -132,6 +144,7 @@ def _descend(
     options: SolverOptions,
     order: _Order,
     twins: dict[int, list[int]],
+    read_pinned: bool,
 ) -> _Run:
     """Release the cheapest storage live at the peak until the peak is within `target`;
     with `twins` (owner -> the owners alike to it), alike storages too (see the module)."""
@@ -145,13 +158,17 @@ def _descend(
         if time.perf_counter() > deadline:
             run.timed_out = True
             break
-        move = _cheapest_release(graph, decisions, trace, groups, tried, window, options, order)
+        move = _cheapest_release(
+            graph, decisions, trace, groups, tried, window, options, order, read_pinned
+        )
         if move is None:
             break
         owner, changes = move
         tried.add(owner)
         gap = trace.peak - target
-        alike = _alike_releases(graph, owner, changes, twins, groups, decisions, trace, gap)
+        alike = _alike_releases(
+            graph, owner, changes, twins, groups, decisions, trace, gap, read_pinned
+        )
         tries = [{**changes, **alike}, changes] if alike else [changes]
         found = _first_accepted(graph, decisions, tries, trace.peak, options)
         if found is not None:
@@ -191,15 +208,17 @@ def _alike_releases(
     decisions: dict[int, Decision],
     trace: MemoryTrace,
     gap: int,
+    read_pinned: bool,
 ) -> dict[int, Decision]:
     """The same release as `changes` (of `owner`) for the storages alike to it that are
     live at the peak of `trace`, wholly kept and releasable the same way, in order: as
-    many as, with `owner`'s, could close a `gap` of bytes."""
+    many as, with `owner`'s, could close a `gap` of bytes (chains priced as `read_pinned`
+    says, PINNED_ESTIMATES)."""
     size = max(graph[owner].bytes, 1)
     room = -(-gap // size) - 1  # storages beyond owner's that the gap can use
     offloads = changes.get(owner) is Decision.OFFLOAD
     live = {graph.storage_owner[v] for v in trace.live_at_peak}
-    decision = decider(graph, decisions)
+    decision = decider(graph, decisions, read_pinned=read_pinned)
     alike: dict[int, Decision] = {}
     for twin in twins.get(owner, []):
         if room <= 0:
@@ -245,10 +264,11 @@ def _cheapest_release(
     window: dict[int, float],
     options: SolverOptions,
     order: _Order,
+    read_pinned: bool,
 ) -> tuple[int, dict[int, Decision]] | None:
     """The untried saved storage live at the peak that ranks first by `order`, and the
-    decisions that release it."""
-    decision = decider(graph, decisions)
+    decisions that release it (chains priced as `read_pinned` says, PINNED_ESTIMATES)."""
+    decision = decider(graph, decisions, read_pinned=read_pinned)
     live_owners = {graph.storage_owner[v] for v in trace.live_at_peak}
     # An owner already released can be live at the peak (a recomputed copy in the
     # backward): nothing of it is left to release, and trying it would cost a simulation.

@@ -31,20 +31,47 @@ from memplan.graph import (
 from memplan.simulate import MemoryTrace, simulate
 
 
-def decider(graph: Graph, decisions: Mapping[int, Decision]) -> Callable[[int], Decision]:
+def decider(
+    graph: Graph, decisions: Mapping[int, Decision], *, read_pinned: bool = False
+) -> Callable[[int], Decision]:
     """The decision for any forward node. Candidates (forward tensors the backward reads)
     and nodes that cannot be recomputed default to keep; other nodes are dropped after the
-    forward and recomputed if a recompute chain needs them."""
+    forward and recomputed if a recompute chain needs them. With `read_pinned`, a node a
+    kept candidate pins (pinned_owners) counts as kept: how solvers estimate a chain's
+    cost, as build_schedule reads such a node while the candidate is still to be read."""
     candidates = frozenset(graph.saved_candidates)
+    pinned = frozenset(pinned_owners(graph, decisions)) if read_pinned else frozenset()
 
     def decision(v: int) -> Decision:
         if v in decisions:
             return decisions[v]
-        if v in candidates or not graph[v].recomputable:
+        if v in candidates or v in pinned or not graph[v].recomputable:
             return Decision.KEEP
         return Decision.RECOMPUTE
 
     return decision
+
+
+def pinned_owners(graph: Graph, decisions: Mapping[int, Decision]) -> dict[int, list[int]]:
+    """Forward nodes that are no candidate but whose storage a kept candidate pins (the
+    candidate is a view of them: a batch norm's saved mean, under Inductor's decomposition,
+    is a squeeze of the mean its forward subtracts), with those candidates. While such a
+    candidate is still to be read, its owner is on the device: a recompute chain can read
+    it instead of running it (and a batch norm's reduction) again, at no memory."""
+    candidates = frozenset(graph.saved_candidates)
+    owners: dict[int, list[int]] = {}
+    for w in graph.saved_candidates:
+        owner = graph.storage_owner[w]
+        node = graph[owner]
+        if (
+            owner in candidates
+            or node.kind is not NodeKind.COMPUTE
+            or node.is_backward
+            or decisions.get(w, Decision.KEEP) is not Decision.KEEP
+        ):
+            continue
+        owners.setdefault(owner, []).append(w)
+    return owners
 
 
 def build_schedule(
@@ -67,10 +94,13 @@ def build_schedule(
     available.update(v for v in graph.forward_ids if decision(v) is Decision.KEEP)
     backward: list[Step] = [Compute(t) for t in _tangents(graph)]
     available.update(_tangents(graph))
+    driven = _gradient_driven(graph)
+    pinned_until = _pinned_until(graph, decisions, driven)
     # Backward nodes that read no gradient (views and transposes of saved tensors) are run
     # on demand, as the autograd engine would, so they do not extend lifetimes.
-    for u in _gradient_driven(graph):
-        _materialise(graph, u, decision, available, backward)
+    for position, u in enumerate(driven):
+        pinned = frozenset(o for o, last in pinned_until.items() if last >= position)
+        _materialise(graph, u, decision, available, backward, pinned)
         backward.append(Compute(u))
         available.add(u)
     for out in graph.outputs:
@@ -103,6 +133,31 @@ def _gradient_driven(graph: Graph) -> list[int]:
     return [u for u in graph.backward_ids if u in driven]
 
 
+def _pinned_until(
+    graph: Graph, decisions: Mapping[int, Decision], driven: list[int]
+) -> dict[int, int]:
+    """Pinned owners (pinned_owners), each with the last position in `driven` at which its
+    storage is read through a view (a kept candidate, or a view the backward takes of
+    one): up to there, reading the owner keeps no storage alive that would not be anyway.
+    A backward node run on demand reads at the position of its first driven consumer."""
+    owners = pinned_owners(graph, decisions)
+    if not owners:
+        return {}
+    position = {u: i for i, u in enumerate(driven)}
+    for n in reversed(graph.backward_ids):
+        if n not in position:
+            needs = [position[u] for u in graph.users[n] if u in position]
+            if needs:
+                position[n] = min(needs)
+    until: dict[int, int] = {}
+    for n, at in position.items():
+        for s in graph[n].inputs:
+            owner = graph.storage_owner[s]
+            if owner in owners and s != owner:
+                until[owner] = max(until.get(owner, at), at)
+    return until
+
+
 def _tangents(graph: Graph) -> list[int]:
     return [n.id for n in graph if n.kind is NodeKind.TANGENT]
 
@@ -113,8 +168,10 @@ def _materialise(
     decision: Callable[[int], Decision],
     available: set[int],
     out: list[Step],
+    pinned: frozenset[int] = frozenset(),
 ) -> None:
-    """Append the steps that bring every input of `target` onto the device.
+    """Append the steps that bring every input of `target` onto the device; `pinned`
+    nodes are on it already, held by a kept view (_pinned_until).
 
     An iterative post-order walk: a node is emitted once all of its own inputs are
     available, so recompute chains come out in topological order.
@@ -123,7 +180,7 @@ def _materialise(
     stack: list[tuple[int, bool]] = [(s, False) for s in reversed(graph[target].inputs)]
     while stack:
         v, inputs_done = stack.pop()
-        if v in available:
+        if v in available or v in pinned:
             continue
         choice = decision(v)
         if choice is Decision.OFFLOAD:
@@ -148,7 +205,8 @@ def _materialise(
                     f"{node.name} must be kept or offloaded: {node.op} cannot be recomputed"
                 )
             stack.append((v, True))
-            stack.extend((s, False) for s in reversed(node.inputs) if s not in available)
+            missing = [s for s in node.inputs if s not in available and s not in pinned]
+            stack.extend((s, False) for s in reversed(missing))
 
 
 def _with_prefetches(graph: Graph, backward: list[Step], bandwidth: float) -> list[Step]:
