@@ -332,7 +332,8 @@ def model_targets(runs: list[Run]) -> list[str]:
             f"- At PyTorch's smallest peak ({smallest.label}, "
             f"{format_bytes(smallest.measured_peak)}, {smallest.step_seconds * 1e3:.0f} ms): "
             f"memplan's least peak at no more time is {format_bytes(best.measured_peak)} "
-            f"({best.label}), {lower:.1%} lower; the target of {LOWER_REQUIRED:.0%} is {verdict}."
+            f"({best.label}), {abs(lower):.1%} {'lower' if lower >= 0 else 'higher'}; "
+            f"the target of {LOWER_REQUIRED:.0%} lower is {verdict}."
         )
     return lines
 

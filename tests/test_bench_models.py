@@ -53,7 +53,7 @@ def test_targets_name_the_misses_with_figures():
     assert "memplan greedy 30% by 1.00 MiB" in lines[0]
     assert "dominates 2 of PyTorch's 2 points: every one." in lines[1]
     # PyTorch's smallest peak is 60 MiB at 150 ms; memplan has 44 MiB at 140 ms: 26.7% lower.
-    assert "26.7% lower; the target of 25% is met" in lines[2]
+    assert "26.7% lower; the target of 25% lower is met" in lines[2]
 
 
 def test_targets_say_when_no_memplan_run_peaks_as_low():
@@ -61,4 +61,4 @@ def test_targets_say_when_no_memplan_run_peaks_as_low():
     assert "dominates 0 of PyTorch's 2 points" in lines[1]
     assert "no memplan run peaks that low" in lines[1]
     # At PyTorch's smallest peak (60 MiB, 150 ms) the only memplan run as fast peaks higher.
-    assert "-50.0% lower; the target of 25% is missed" in lines[2]
+    assert "50.0% higher; the target of 25% lower is missed" in lines[2]
