@@ -99,8 +99,9 @@ def check_offload_plan_under_inductor(example: Example) -> None:
     assert backwards
     for planned, code in backwards:
         issued = _products_before_prefetches(code)
-        assert issued.keys() == _planned_products_before_prefetches(planned).keys()
-        for host, products in _planned_products_before_prefetches(planned).items():
+        expected = _planned_products_before_prefetches(planned)
+        assert issued.keys() == expected.keys()
+        for host, products in expected.items():
             assert issued[host] >= products, (host, issued[host], products)
 
 
@@ -182,7 +183,7 @@ def check_inductor_within_budget(example: Example) -> None:
         assert abs(measured / plan.peak - 1) <= 0.05, (budget, measured, plan.peak)
 
 
-def _gpt2() -> Example:
+def small_gpt2() -> Example:
     return ZOO["gpt2"](batch=4, seq=32, layers=2, width=32)
 
 
@@ -206,7 +207,7 @@ def _train_and_compare(
 def test_a_changing_batch_and_sequence_length_train_like_eager() -> None:
     """An epoch's smaller last batch and a new sequence length: Dynamo recompiles with
     symbolic sizes, and memplan plans them at their hints, or again for a call's sizes."""
-    check_changing_shapes(_gpt2())
+    check_changing_shapes(small_gpt2())
 
 
 def check_changing_shapes(example: Example, budget: str = "60%") -> None:
@@ -223,7 +224,7 @@ def check_changing_shapes(example: Example, budget: str = "60%") -> None:
 
 
 def test_dynamic_true_and_mark_dynamic() -> None:
-    example = _gpt2()
+    example = small_gpt2()
     torch._dynamo.reset()
     backend = memplan.backend(budget="70%", progress=False)
     model = copy.deepcopy(example.model)
@@ -251,7 +252,7 @@ def test_dynamic_true_and_mark_dynamic() -> None:
 def test_two_models_in_one_process() -> None:
     torch._dynamo.reset()
     options = {"budget": "70%", "progress": False}
-    for example in (ZOO["mlp"](batch=256), _gpt2()):
+    for example in (ZOO["mlp"](batch=256), small_gpt2()):
         model = copy.deepcopy(example.model)
         compiled = torch.compile(model, backend="memplan", options=options)
         _train_and_compare(compiled, model, example.inputs)

@@ -18,6 +18,7 @@ from test_compile import (
     check_three_graph_breaks,
     check_transfer_ops,
     max_grad_errors,
+    small_gpt2,
 )
 from test_e2e import eager_grads, example_of, train_step
 
@@ -113,7 +114,7 @@ def test_inductor_runs_an_offload_plan_on_gpu() -> None:
 def test_changing_shapes_on_gpu_train_like_eager() -> None:
     # The CPU test's GPT-2 at 70%, not 60%: the CUDA allocator rounds every tensor up to
     # 512 B, which puts the least of the smaller shapes at about 57% of their peaks.
-    check_changing_shapes(ZOO["gpt2"](batch=4, seq=32, layers=2, width=32).to(CUDA), "70%")
+    check_changing_shapes(small_gpt2().to(CUDA), "70%")
 
 
 def test_three_graph_breaks_hold_one_budget_on_gpu() -> None:

@@ -183,10 +183,10 @@ def test_a_recompute_reads_what_a_kept_view_pins_instead_of_running_it_again():
     decisions = {2: Decision.KEEP, 3: Decision.RECOMPUTE}
     # The kept view ms holds m's storage until dy reads it: recomputing y reads m there,
     # so only sub runs again, and no second m is allocated.
-    backward = build_schedule(graph, decisions).steps
-    computed = [s.node for s in backward if isinstance(s, Compute)]
+    schedule = build_schedule(graph, decisions)
+    computed = [s.node for s in schedule.steps if isinstance(s, Compute)]
     assert computed.count(1) == 1 and computed.count(3) == 2  # m once, y again
-    assert simulate(graph, build_schedule(graph, decisions)).time == 9.0  # 5 + 1 + 1 + 1 + 1
+    assert simulate(graph, schedule).time == 9.0  # 5 + 1 + 1 + 1 + 1
     # Solvers may price the chain that way, or as running m again.
     assert recompute_chain_time(graph, [3], decider(graph, decisions, read_pinned=True)) == 1.0
     assert recompute_chain_time(graph, [3], decider(graph, decisions)) == 6.0

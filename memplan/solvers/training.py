@@ -99,8 +99,7 @@ def build_schedule(
     # Backward nodes that read no gradient (views and transposes of saved tensors) are run
     # on demand, as the autograd engine would, so they do not extend lifetimes.
     for position, u in enumerate(driven):
-        pinned = frozenset(o for o, last in pinned_until.items() if last >= position)
-        _materialise(graph, u, decision, available, backward, pinned)
+        _materialise(graph, u, decision, available, backward, pinned_until, position)
         backward.append(Compute(u))
         available.add(u)
     for out in graph.outputs:
@@ -168,19 +167,26 @@ def _materialise(
     decision: Callable[[int], Decision],
     available: set[int],
     out: list[Step],
-    pinned: frozenset[int] = frozenset(),
+    pinned_until: Mapping[int, int] | None = None,
+    position: int = 0,
 ) -> None:
-    """Append the steps that bring every input of `target` onto the device; `pinned`
-    nodes are on it already, held by a kept view (_pinned_until).
+    """Append the steps that bring every input of `target` onto the device; a node of
+    `pinned_until` is on it already while `position` (in the gradient-driven order) is
+    at most its entry, held by a kept view (_pinned_until).
 
     An iterative post-order walk: a node is emitted once all of its own inputs are
     available, so recompute chains come out in topological order.
     """
     carved = graph.carved_outputs
+    pinned_until = pinned_until or {}
+
+    def on_device(v: int) -> bool:
+        return v in available or pinned_until.get(v, -1) >= position
+
     stack: list[tuple[int, bool]] = [(s, False) for s in reversed(graph[target].inputs)]
     while stack:
         v, inputs_done = stack.pop()
-        if v in available or v in pinned:
+        if on_device(v):
             continue
         choice = decision(v)
         if choice is Decision.OFFLOAD:
@@ -205,8 +211,7 @@ def _materialise(
                     f"{node.name} must be kept or offloaded: {node.op} cannot be recomputed"
                 )
             stack.append((v, True))
-            missing = [s for s in node.inputs if s not in available and s not in pinned]
-            stack.extend((s, False) for s in reversed(missing))
+            stack.extend((s, False) for s in reversed(node.inputs) if not on_device(s))
 
 
 def _with_prefetches(graph: Graph, backward: list[Step], bandwidth: float) -> list[Step]:
