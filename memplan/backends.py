@@ -17,7 +17,9 @@ planned again for those sizes (`ShapeDispatch`), up to MAX_SHAPE_PLANS per graph
 Under Inductor, a plan's peak is checked as Inductor compiled it (planner/compiled_peak.py):
 where Inductor's kernels hold more than the planned graphs, the graph is planned again at a
 budget lowered by the excess, and where fusion leaves room, at one raised by it (up to
-INDUCTOR_ROUNDS times); `Plan.compiled_peak` is the prediction of what runs.
+INDUCTOR_ROUNDS times); `Plan.compiled_peak` is the prediction of what runs. A graph with
+convolutions that Inductor's layout optimization takes over its budget is compiled
+without it as well, and the lower of the two kept.
 
 Plans are kept on disk by the graph's structure (planner/plan_cache.py): compiling the
 same model with the same budget again, in this process or the next, applies the plan
@@ -197,6 +199,14 @@ class MemplanBackend:
             compiled, graphs = self._aot(gm, example_inputs, partitioner, inner)
             partitioner.keep_only(first, 1, partitioner.plans[first + 1])
             rounds = [self._checked(partitioner, first, compiled, graphs)]
+        elif self.without_layout is not None and _layout_may_cost(partitioner, rounds[0][1]):
+            plain = self._aot(gm, example_inputs, partitioner, self.without_layout)
+            checked = self._checked(partitioner, first + 1, *plain, quiet=True)
+            # Kept where it peaks lower: layout optimization is for speed, the budget first.
+            chosen = int(bool(checked[1].compiled_peak) and checked[1].peak < rounds[0][1].peak)
+            partitioner.keep_only(first, chosen, partitioner.plans[first + chosen])
+            if chosen:
+                inner, rounds = self.without_layout, [checked]
         target = rounds[0][1].budget  # the graph's budget as first planned
         options, budget = partitioner.options, partitioner.budget
         try:
@@ -294,6 +304,19 @@ class MemplanBackend:
             # At the least, the least is what Inductor runs.
             plan = dataclasses.replace(plan, budget=max(plan.budget, peak))
         return compiled, dataclasses.replace(plan, compiled_peak=peak)
+
+
+def _layout_may_cost(partitioner: Partitioner, plan: Plan) -> bool:
+    """Whether the graph Inductor compiled with its layout optimization may peak lower
+    without it: it has convolutions (the only graphs the optimization changes), and its
+    compiled peak is above its budget or, planned best effort (its budget then being what
+    runs), above the unfused graphs' prediction."""
+    convolutions = partitioner.lowered[-1].joint.graph.find_nodes(
+        op="call_function", target=torch.ops.aten.convolution.default
+    )
+    if not convolutions or not plan.compiled_peak:
+        return False
+    return plan.peak > (plan.predicted_peak if plan.status == "best-effort" else plan.budget)
 
 
 def _replanned_note(plan: Plan, target: int) -> str:

@@ -8,6 +8,7 @@ import contextlib
 import copy
 import io
 import re
+import warnings
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ import memplan.planner.solve
 from memplan.errors import AllocatorUnreadable, InfeasibleBudget, MemplanWarning
 from memplan.passes.offload import OFFLOAD, PREFETCH, WAIT
 from memplan.planner.measure import measure_peak
+from memplan.planner.plan_file import Plan
 from memplan.tools.verify import steady_step_peak
 from memplan.tools.zoo import ZOO, Example
 
@@ -443,6 +445,45 @@ def test_measuring_inside_a_users_profiler_is_a_clear_error() -> None:
             measure_peak(lambda: torch.ones(3) + 1, resident=[], device=torch.device("cpu"))
         torch.ones(5).sum()
     assert "aten::sum" in {e.key for e in users.key_averages()}
+
+
+@pytest.mark.parametrize("lower_without", [True, False])
+def test_a_convolution_graph_over_its_budget_is_tried_without_layout_optimization(
+    monkeypatch: pytest.MonkeyPatch, lower_without: bool
+) -> None:
+    """Where Inductor's graphs with its layout optimization peak above the budget, the plan
+    is compiled again without it; that compile is kept, and the later rounds made
+    without it, where it peaks lower, and dropped where it does not."""
+    import torch._inductor.compile_fx as compile_fx
+    from torch._inductor import config as inductor_config
+
+    settings: list[bool] = []
+    inner = compile_fx.compile_fx_inner
+
+    def recording(*args: object, **kwargs: object) -> object:
+        settings.append(inductor_config.layout_optimization)
+        return inner(*args, **kwargs)
+
+    def measured(plan: Plan, *_: object) -> int:
+        # With layout optimization (the first compile's graphs): over the budget.
+        lowered = settings[-1] is False and lower_without
+        return plan.predicted_peak if lowered else plan.budget + 2**20
+
+    monkeypatch.setattr(memplan_backends, "compiled_peak", measured)
+    monkeypatch.setattr(compile_fx, "compile_fx_inner", recording)
+    example = ZOO["cnn"](batch=2, image=16, channels=4, blocks=1)
+    torch._dynamo.reset()
+    backend = memplan.backend(budget="70%", progress=False)
+    model = copy.deepcopy(example.model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MemplanWarning)  # over the budget in every round
+        _train_and_compare(torch.compile(model, backend=backend), model, example.inputs)
+    assert settings[:4] == [True, True, False, False]  # forward and backward, each way
+    (plan,) = backend.plans
+    if lower_without:
+        assert set(settings[4:]) <= {False} and plan.peak == plan.compiled_peak <= plan.budget
+    else:  # any later rounds are compiled as the first
+        assert set(settings[4:]) <= {True} and plan.compiled_peak > plan.predicted_peak
 
 
 def test_a_graph_the_check_cannot_run_is_compiled_without_layout_optimization(

@@ -74,6 +74,37 @@ def test_each_way_trains_like_eager(example, copies: str) -> None:
     assert compare_grads(ours, expected)[1]
 
 
+class FlattenedBlock(ChannelsLastBlock):
+    """The block with the convolution's result permuted back to channels-last and
+    flattened by `view`, as a ConvNeXt block feeds its Linear: a view the traced layout
+    allows, and a contiguous copy of the convolution's input no longer does."""
+
+    def __init__(self, channels: int = 8) -> None:
+        super().__init__(channels)
+        self.out = nn.Linear(channels, channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mixed = self.mix(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        result = self.depthwise(torch.relu(mixed)).permute(0, 2, 3, 1) * 2
+        return self.out(result.view(-1, result.shape[-1])).square().mean()
+
+
+def test_a_view_the_copy_disallows_gets_a_copy_and_trains_like_eager() -> None:
+    torch.manual_seed(0)
+    model, inputs = FlattenedBlock(), (torch.randn(4, 8, 16, 16),)
+    eager = copy.deepcopy(model)
+    training_step(eager, inputs)()
+    expected = {n: p.grad for n, p in eager.named_parameters()}
+    # The graph way copies the flattening view's input, as well as the convolution's.
+    joint = _planned(model, inputs, "graph").lowered[0].joint.graph
+    views = joint.find_nodes(op="call_function", target=torch.ops.aten.view.default)
+    assert any(v.args[0].target == torch.ops.aten.clone.default for v in views)
+    ours = copy.deepcopy(model)
+    planned = memplan.optimize(ours, inputs, "100%", convolution_copies="graph", progress=False)
+    training_step(planned, inputs)()
+    assert compare_grads(ours, expected)[1]
+
+
 def test_an_unknown_way_is_one_line_error() -> None:
     with pytest.raises(MemplanError, match="convolution_copies must be one of choose, kernel"):
         PlanOptions(convolution_copies="both")
