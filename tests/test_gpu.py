@@ -21,6 +21,7 @@ from test_compile import (
     small_gpt2,
 )
 from test_e2e import eager_grads, example_of, train_step
+from test_verify import check_blocks_live_at_peak
 
 import memplan
 from memplan.tools.verify import Verification, verify
@@ -119,3 +120,10 @@ def test_changing_shapes_on_gpu_train_like_eager() -> None:
 
 def test_three_graph_breaks_hold_one_budget_on_gpu() -> None:
     check_three_graph_breaks(CUDA)
+
+
+def test_the_blocks_live_at_the_peak_on_gpu_are_named_by_their_python_frames() -> None:
+    """The CUDA allocator's recorded history: blocks grouped by size, each named by the
+    innermost frames outside torch's files (the step's own, in test_verify.py)."""
+    groups = check_blocks_live_at_peak(CUDA)
+    assert all("test_verify.py" in g.site for g in groups)

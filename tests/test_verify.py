@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 
 import torch
+from rich.console import Console
 from torch import nn
 
 import memplan
+from memplan.planner.peak_contents import LiveBlocks, live_at_peak
+from memplan.tools.report import verification_table
 from memplan.tools.verify import verify
 from memplan.tools.zoo import mlp
 
@@ -29,11 +33,42 @@ def test_a_sound_plan_passes_and_the_model_is_left_as_it_was():
     assert all(p.grad is None for p in model.parameters())
 
 
-def test_a_wrong_prediction_or_budget_is_reported():
+def test_a_wrong_prediction_or_budget_is_reported_with_what_the_peak_held():
     model, inputs = _model()
     plan = memplan.plan(model, inputs, budget="50%", progress=False)
     low = verify(model, inputs, dataclasses.replace(plan, predicted_peak=plan.predicted_peak // 2))
     assert not low.ok and "from the predicted" in low.problems()[0]
+    # What the planned step held at its peak, above its resident tensors: the largest
+    # group first, and no more than the measured peak (a second step, read the same way).
+    held = [g.total for g in low.at_peak]
+    assert held == sorted(held, reverse=True) and 0 < sum(held) <= low.measured_peak
+    assert all(g.site.startswith("aten::") for g in low.at_peak[:3])
+    rendered = io.StringIO()
+    Console(file=rendered, width=200).print(verification_table(low))
+    assert "held at the measured peak" in rendered.getvalue()
+    sound = verify(model, inputs, plan)
+    assert sound.ok and sound.at_peak == ()  # read only where a check fails
+
+
+def test_the_blocks_live_at_the_peak_are_grouped_by_size_and_site():
+    groups = check_blocks_live_at_peak(torch.device("cpu"))
+    assert all(g.site.startswith("aten::empty") for g in groups)
+
+
+def check_blocks_live_at_peak(device: torch.device) -> list[LiveBlocks]:
+    """A step of known blocks, one freed before the peak: the groups live at the peak,
+    the largest first (sizes that need no rounding by a GPU's allocator)."""
+    kept: list[torch.Tensor] = []
+
+    def step() -> None:
+        kept.append(torch.empty(4096, dtype=torch.uint8, device=device))
+        passing = torch.zeros(1024, device=device)  # 4 KiB, freed before the peak
+        del passing
+        kept.extend(torch.empty(2048, dtype=torch.uint8, device=device) for _ in range(3))
+
+    groups = live_at_peak(step, device)
+    assert [(g.nbytes, g.count) for g in groups] == [(2048, 3), (4096, 1)]
+    return groups
 
 
 class Noisy(nn.Module):

@@ -16,20 +16,27 @@ import sys
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch._C._profiler import _EventType
 
 from memplan.errors import AllocatorUnreadable
 
+# How many of the calls around an allocation it keeps: the op that allocated it, the op
+# that called that one, and the region (a compiled graph, autograd's backward) around them.
+CALLS_KEPT = 4
+
 
 @dataclass(frozen=True)
 class Allocated:
-    """One allocation event: when (ns), its signed size (a free is negative), the block."""
+    """One allocation event: when (ns), its signed size (a free is negative), the block,
+    and the calls it was made in, innermost first (peak_contents.py names them)."""
 
     at: int
     nbytes: int
     ptr: int
+    calls: tuple[str, ...] = ()
 
 
 @dataclass
@@ -107,10 +114,22 @@ def recording(device: torch.device, marked: str | None = None) -> Iterator[Recor
         if event.tag == _EventType.Allocation:
             fields = event.extra_fields
             if _on(fields.device, device):
-                found.events.append(Allocated(event.start_time_ns, fields.alloc_size, fields.ptr))
+                calls = _calls(event.parent)
+                found.events.append(
+                    Allocated(event.start_time_ns, fields.alloc_size, fields.ptr, calls)
+                )
         elif marked is not None and event.name.startswith(marked):
             found.ranges[event.name] = (event.start_time_ns, event.end_time_ns)
     found.events.sort(key=lambda e: e.at)
+
+
+def _calls(event: Any) -> tuple[str, ...]:
+    """The names of `event` and the events around it, innermost first, up to CALLS_KEPT."""
+    names = []
+    while event is not None and len(names) < CALLS_KEPT:
+        names.append(event.name)
+        event = event.parent
+    return tuple(names)
 
 
 def _on(actual: torch.device, wanted: torch.device) -> bool:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # types only: reports need no torch to load
     from memplan.tools.verify import Verification
 
 MIB = 2**20
+AT_PEAK_SHOWN = 5  # groups of blocks a failed check lists from the measured peak
 _STYLE = {Decision.KEEP: "green", Decision.RECOMPUTE: "yellow", Decision.OFFLOAD: "cyan"}
 
 
@@ -112,6 +113,15 @@ def verification_table(check: Verification) -> Table:
         f"(max abs difference {check.max_grad_error:.3g})",
     )
     table.add_row("verdict", verdict)
+    if check.at_peak:
+        # A failed check says what the planned step held at its peak, the largest first.
+        table.add_row(
+            "held at the measured peak",
+            "\n".join(
+                f"{g.count} x {format_bytes(g.nbytes)} by {escape(g.site)}"
+                for g in check.at_peak[:AT_PEAK_SHOWN]
+            ),
+        )
     return table
 
 

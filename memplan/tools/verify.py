@@ -9,6 +9,7 @@ this; it is also the API for checking a plan before a long job.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ from memplan.errors import MemplanError
 from memplan.planner.measure import measure_peak
 from memplan.planner.module import plan_module
 from memplan.planner.options import PlanOptions
+from memplan.planner.peak_contents import LiveBlocks, live_at_peak
 from memplan.planner.plan_file import Plan
 
 # Gradients of a recomputed graph are bit-identical in practice; the tolerance only absorbs
@@ -52,6 +54,9 @@ class Verification:
     # The planned step's peak by the live-storage tracker, which sees only the tensors ops
     # return: a diagnostic. The allocator's excess over it is kernels' own buffers.
     tracker_peak: int = 0
+    # Where the check failed: what the planned step held at its peak, by size and by where
+    # it was allocated, the largest first (planner/peak_contents.py), read on one more step.
+    at_peak: tuple[LiveBlocks, ...] = ()
 
     @property
     def kernel_buffers(self) -> int:
@@ -137,21 +142,26 @@ def verify(
             device=device,
             method="tracker",
         )
+        check = Verification(
+            budget=plan.budget,
+            predicted_peak=plan.predicted_peak,  # the number in the plan, not a fresh one
+            measured_peak=measured.peak_bytes,
+            eager_peak=eager_peak.peak_bytes,
+            method=measured.method,
+            max_grad_error=error,
+            grads_match=match,
+            tolerance=tolerance,
+            tracker_peak=tracked.peak_bytes,
+        )
+        if not check.ok:
+            _reset(model, state)
+            held = live_at_peak(training_step(planned, example_inputs), device)
+            check = dataclasses.replace(check, at_peak=tuple(held))
     finally:
         _reset(model, state)
         for name, param in model.named_parameters():
             param.grad = grads[name]
-    return Verification(
-        budget=plan.budget,
-        predicted_peak=plan.predicted_peak,  # the number in the plan, not a fresh one
-        measured_peak=measured.peak_bytes,
-        eager_peak=eager_peak.peak_bytes,
-        method=measured.method,
-        max_grad_error=error,
-        grads_match=match,
-        tolerance=tolerance,
-        tracker_peak=tracked.peak_bytes,
-    )
+    return check
 
 
 def training_step(model: nn.Module, inputs: Sequence[Any]) -> Callable[[], None]:
