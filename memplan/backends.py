@@ -108,8 +108,9 @@ class MemplanBackend:
         self.inner = boxed_runner if inner == "eager" else _inductor(settings)
         # Where the check of a compiled graph cannot run, what layout optimization adds (a
         # channels-last copy saved in a parameter's place) would go unseen: that graph is
-        # compiled again without it, where the unfused prediction holds. Unless the user
-        # chose the setting.
+        # compiled again without it, where the unfused prediction holds. Where the check
+        # finds that it takes a graph over its budget, the graph is compiled without it too.
+        # Unless the user chose the setting.
         self.without_layout = (
             _inductor({**settings, "layout_optimization": False})
             if inner == "inductor" and "layout_optimization" not in settings
@@ -185,7 +186,10 @@ class MemplanBackend:
         graphs (Plan.compiled_peak); where it exceeds the budget, or leaves much of it
         unused, the graph is planned and compiled again at a budget moved by the
         difference (_next_aim), and the round fastest within the budget (else the least
-        over it) is kept."""
+        over it) is kept. Where the check cannot run, or where layout optimization takes
+        a graph with convolutions over its budget (_layout_may_cost), the graph is also
+        compiled without layout optimization; the first is kept, the second only where
+        it peaks lower, and the later rounds are compiled as the kept one was."""
         first = len(partitioner.plans)
         inner = self.inner
         compiled, graphs = self._aot(gm, example_inputs, partitioner, inner)
@@ -248,6 +252,7 @@ class MemplanBackend:
             options={
                 **plan.options,
                 "compiled_rounds": [[p.requested_budget, p.peak] for _, p in rounds],
+                **({"layout_optimization": False} if inner is self.without_layout else {}),
             },
         )
         partitioner.keep_only(first, index, kept)

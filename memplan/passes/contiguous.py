@@ -19,7 +19,7 @@ and flattens it) is given a contiguous copy of its input first, as `reshape` wou
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
 
 import torch
 import torch.fx as fx
@@ -39,31 +39,42 @@ _STRIDED = (aten.as_strided.default, aten.as_strided_scatter.default, aten._resh
 
 
 def contiguous_convolution_inputs(joint: fx.GraphModule) -> int:
-    """Insert a contiguous copy before each convolution argument that is not contiguous
-    (by its traced value), and derive the traced values after it again; returns how many
-    copies were inserted (none where an op that reads strides depends on them)."""
+    """Insert a contiguous copy before each convolution argument that is not contiguous,
+    and before each view its input's new layout no longer allows, deriving the traced
+    values after them again; returns how many copies were inserted. Works in place: where
+    it returns 0 (nothing to copy, an op downstream that reads strides, a value that cannot
+    be derived again) `joint` may be changed partway, so callers pass a copy."""
     graph = joint.graph
-    copied = [
-        (node, index)
-        for node in graph.nodes
-        if node.op == "call_function"
-        for index in _COPIED_ARGUMENTS.get(node.target, ())
-        if _needs_copy(node.args[index])
-    ]
-    if not copied or any(n.target in _STRIDED for n in _downstream(node for node, _ in copied)):
+    mode = detect_fake_mode([n.meta.get("val") for n in graph.find_nodes(op="placeholder")])
+    changed: set[fx.Node] = set()  # nodes whose traced value was derived again
+    inserted = 0
+    try:
+        with mode or contextlib.nullcontext(), torch.no_grad():
+            for node in list(graph.nodes):
+                if node.op != "call_function":
+                    continue
+                # In graph order, so that a layout changed upstream is the one judged.
+                for index in _COPIED_ARGUMENTS.get(node.target, ()):
+                    if _needs_copy(node.args[index]):
+                        changed.add(_copy_before(graph, node, index))
+                        inserted += 1
+                if node.target in _VIEWS and node.args[0] in changed and not _viewable(node):
+                    changed.add(_copy_before(graph, node, 0))
+                    inserted += 1
+                if not changed.intersection(node.all_input_nodes):
+                    continue
+                if node.target in _STRIDED:
+                    return 0
+                if not _mutates(node):  # an in-place op's value is its input's, kept
+                    args, kwargs = fx.node.map_arg((node.args, node.kwargs), _value)
+                    node.meta["val"] = node.target(*args, **kwargs)
+                changed.add(node)
+    except Exception:  # an op fake tensors cannot run again: planned without copies
         return 0
-    for node, index in copied:
-        argument = node.args[index]
-        with graph.inserting_before(node):
-            copy = graph.call_function(
-                aten.clone.default, (argument,), {"memory_format": torch.contiguous_format}
-            )
-        copy.meta["val"] = argument.meta["val"].clone(memory_format=torch.contiguous_format)
-        node.update_arg(index, copy)
-    _propagate_layouts(graph, [node for node, _ in copied])
-    graph.lint()
-    joint.recompile()
-    return len(copied)
+    if inserted:
+        graph.lint()
+        joint.recompile()
+    return inserted
 
 
 def _needs_copy(argument: object) -> bool:
@@ -71,40 +82,22 @@ def _needs_copy(argument: object) -> bool:
     return isinstance(value, torch.Tensor) and not value.is_contiguous()
 
 
-def _downstream(starts: Iterable[fx.Node]) -> list[fx.Node]:
-    """The nodes computed from `starts`, the starts included, in no particular order."""
-    seen: set[fx.Node] = set()
-    stack = list(starts)
-    while stack:
-        node = stack.pop()
-        if node not in seen:
-            seen.add(node)
-            stack.extend(node.users)
-    return list(seen)
+def _copy_before(graph: fx.Graph, node: fx.Node, index: int) -> fx.Node:
+    """A contiguous copy of `node`'s argument `index`, inserted before it and handed to
+    it in the argument's place."""
+    argument = node.args[index]
+    with graph.inserting_before(node):
+        copied = graph.call_function(
+            aten.clone.default, (argument,), {"memory_format": torch.contiguous_format}
+        )
+    copied.meta["val"] = argument.meta["val"].clone(memory_format=torch.contiguous_format)
+    node.update_arg(index, copied)
+    return copied
 
 
-def _propagate_layouts(graph: fx.Graph, changed: list[fx.Node]) -> None:
-    """Derive the traced value of every node downstream of `changed` again, in graph
-    order, on the graph's fake tensors; a view its input's new layout does not allow gets
-    a contiguous copy of that input first."""
-    affected = set(_downstream(changed))
-    values = [n.meta.get("val") for n in graph.find_nodes(op="placeholder")]
-    mode = detect_fake_mode(values)
-    assert mode is not None, "a traced joint graph carries fake values"
-    with mode:
-        for node in list(graph.nodes):
-            if node not in affected or node.op != "call_function":
-                continue
-            if node.target in _VIEWS and not _viewable(node):
-                (source, *_) = node.args
-                with graph.inserting_before(node):
-                    copy = graph.call_function(
-                        aten.clone.default, (source,), {"memory_format": torch.contiguous_format}
-                    )
-                copy.meta["val"] = source.meta["val"].clone(memory_format=torch.contiguous_format)
-                node.update_arg(0, copy)
-            args, kwargs = fx.node.map_arg((node.args, node.kwargs), _value)
-            node.meta["val"] = node.target(*args, **kwargs)
+def _mutates(node: fx.Node) -> bool:
+    schema = getattr(node.target, "_schema", None)
+    return schema is not None and schema.is_mutable
 
 
 def _value(node: fx.Node) -> object:

@@ -23,8 +23,8 @@ from torch._C._profiler import _EventType
 
 from memplan.errors import AllocatorUnreadable
 
-# How many of the calls around an allocation it keeps: the op that allocated it, the op
-# that called that one, and the region (a compiled graph, autograd's backward) around them.
+# How many of the calls around an allocation it keeps, innermost first: the op that
+# allocated it, the ops that called it, and the region around them (a compiled graph).
 CALLS_KEPT = 4
 
 
@@ -51,31 +51,44 @@ class Recording:
         """The most bytes of blocks allocated inside the block live at once."""
         return _peak_and_end(self.events)[0]
 
+    def live_at_peak(self) -> list[Allocated]:
+        """The allocations of the blocks live at that peak (the first moment it is reached)."""
+        reached = _peak_and_end(self.events)[2]
+        live: dict[int, Allocated] = {}
+        for event in self.events[:reached]:
+            if event.nbytes > 0:
+                live[event.ptr] = event
+            else:
+                live.pop(event.ptr, None)
+        return list(live.values())
+
     def transients(self) -> dict[str, int]:
         """Per range: the most bytes of blocks allocated inside it live at once, above what
         is left at its end: the bytes a kernel held inside itself beyond its outputs."""
         times = [e.at for e in self.events]
         found = {}
         for name, (start, end) in self.ranges.items():
-            peak, left = _peak_and_end(
+            peak, left, _ = _peak_and_end(
                 self.events[bisect_left(times, start) : bisect_right(times, end)]
             )
             found[name] = peak - left
         return found
 
 
-def _peak_and_end(events: list[Allocated]) -> tuple[int, int]:
-    """The most bytes of the blocks allocated in `events` live at once, and at the end."""
+def _peak_and_end(events: list[Allocated]) -> tuple[int, int, int]:
+    """The most bytes of the blocks allocated in `events` live at once, the bytes live at
+    the end, and how many events it takes to first reach that peak."""
     live: dict[int, int] = {}
-    level = peak = 0
-    for event in events:
+    level = peak = reached = 0
+    for count, event in enumerate(events, start=1):
         if event.nbytes > 0:
             live[event.ptr] = event.nbytes
             level += event.nbytes
-            peak = max(peak, level)
+            if level > peak:
+                peak, reached = level, count
         elif event.ptr in live:
             level -= live.pop(event.ptr)
-    return peak, level
+    return peak, level, reached
 
 
 def readable() -> bool:
