@@ -13,8 +13,10 @@ Each run compiles afresh (Dynamo is reset) on a copy of the model; its first tra
 step, compile included, is timed; then the allocator reads the peak of a steady step
 (memplan.tools.verify.steady_step_peak), the gradients are compared with eager's and the
 median step time of `--repeats` steps is taken. For memplan, the plans' predicted peaks
-are kept to compare with the allocator. A run that raises is recorded as "error: ..." and
-the benchmark goes on. Writes benchmarks/results/compiled-<device>.json, one plot per model
+are kept to compare with the allocator, and where the allocator's peak is above them, what
+one more step held at its peak (memplan/planner/peak_contents.py). A run that raises is
+recorded as "error: ..." and the benchmark goes on. Writes
+benchmarks/results/compiled-<device>.json, one plot per model
 (docs/img/compiled_<model>_<device>.png) and that device's section of docs/results.md
 (between `markers(device)`; `compiled_section` gives the same text to benchmarks.models'
 results_markdown). The models train on CUDA where it is available (`--device`).
@@ -67,6 +69,7 @@ from memplan.budget import Budget
 from memplan.errors import InfeasibleBudget, MemplanError
 from memplan.files import write_json_atomically
 from memplan.planner.measure import median_step_seconds
+from memplan.planner.peak_contents import live_at_peak
 from memplan.planner.plan_file import Plan
 from memplan.tools.compare import PYTORCH_BUDGETS
 from memplan.tools.verify import compare_grads, steady_step_peak, training_step
@@ -84,6 +87,7 @@ PRESETS = ("bench", "small")
 DEVICES = ("cpu", "cuda")
 # The setting of the run at LOWER_REQUIRED below torch.compile's least measured peak.
 BELOW_LEAST = f"{1 - LOWER_REQUIRED:.0%} of pytorch least"
+AT_PEAK_KEPT = 8  # groups of blocks kept from the peak of a run measured above its prediction
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,9 @@ class CompiledRun(Run):
     graphs: int = 0  # graphs Dynamo compiled in the run: one per graph break and recompile
     graph_peaks: list[int] = field(default_factory=list)  # memplan's prediction per graph
     notes: list[str] = field(default_factory=list)  # memplan's plan notes (best effort)
+    # Where the measured peak is above the prediction: the largest groups of blocks live
+    # at it, [bytes each, count, where allocated], read on one more step (peak_contents).
+    at_peak: list[list[Any]] = field(default_factory=list)
 
     @property
     def prediction_error(self) -> float | None:
@@ -188,7 +195,10 @@ class Compiled:
             backends.append(self._backend(budget))
             return torch.compile(model, backend=backends[-1])
 
-        run = self._measure(run, compile_, contextlib.nullcontext())
+        def predicted() -> int:
+            return sum(p.peak for p in backends[0].plans)
+
+        run = self._measure(run, compile_, contextlib.nullcontext(), predicted)
         run = dataclasses.replace(run, plan_seconds=run.plan_seconds + spent)
         return _with_plans(run, backends[0].plans if backends else [])
 
@@ -238,10 +248,12 @@ class Compiled:
         run: CompiledRun,
         compile_: Callable[[nn.Module], nn.Module],
         context: contextlib.AbstractContextManager[Any],
+        predicted: Callable[[], int] | None = None,
     ) -> CompiledRun:
         """`run` compiled by `compile_` on a fresh copy of the model inside `context`: the
         first step's time, the steady step's peak, the gradients' error and the median
-        step time; or the error it raised, in one line."""
+        step time; or the error it raised, in one line. Where the peak is above what
+        `predicted` says, what one more step held at its peak."""
         torch._dynamo.reset()  # each setting compiles afresh, not from the last one's cache
         model = copy.deepcopy(self.bench.model)
         inputs, device = self.bench.inputs, self.bench.device
@@ -256,6 +268,11 @@ class Compiled:
                 error, match = compare_grads(model, self.bench.eager_grads)
                 step = training_step(compiled, inputs)
                 seconds = median_step_seconds(step, device=device, repeats=self.bench.repeats)
+                held = []
+                if predicted is not None and peak > predicted():
+                    for param in model.parameters():
+                        param.grad = None  # as in the steady step measured
+                    held = live_at_peak(step, device)[:AT_PEAK_KEPT]
         except Exception as failure:
             seconds = time.perf_counter() - started
             return dataclasses.replace(
@@ -269,6 +286,7 @@ class Compiled:
             grads_match=match,
             max_grad_error=error,
             graphs=compiled_graphs() - before,
+            at_peak=[[g.nbytes, g.count, g.site] for g in held],
         )
 
 
@@ -457,7 +475,10 @@ def section_text(saved: dict[str, Any]) -> str:
         "by the compiled graphs' measured difference from the unfused ones, "
         "`memplan/planner/compiled_peak.py`); the prediction error column is the "
         "allocator's peak of the training step against it. Gradients: the "
-        "largest absolute difference from eager's.",
+        "largest absolute difference from eager's. Where a memplan run measures above its "
+        "prediction, one more step is recorded and the largest groups of blocks live at "
+        "its peak are listed under its table, each with where it was allocated "
+        "(`memplan/planner/peak_contents.py`).",
         "",
         f"Targets: (a) memplan dominates every torch.compile point: some memplan run peaks "
         f"no higher and steps no slower, with {SLOWER_ALLOWED:.0%} of slack on time "
@@ -488,7 +509,16 @@ def table(runs: list[CompiledRun]) -> list[str]:
     ]
     lines += [table_row(r, eager) for r in runs]
     notes = sorted({f"{r.label}: {n}" for r in runs for n in r.notes})
+    notes += [held_at_peak(r) for r in runs if r.at_peak]
     return [*lines, "", *(f"- {n}" for n in notes), *([""] if notes else [])]
+
+
+def held_at_peak(r: CompiledRun) -> str:
+    """What a run measured above its prediction held at its peak, the largest first."""
+    groups = "; ".join(
+        f"{count} x {format_bytes(nbytes)} by `{site}`" for nbytes, count, site in r.at_peak
+    )
+    return f"{r.label}, measured above its prediction, held at its peak: {groups}"
 
 
 def table_row(r: CompiledRun, eager: Run) -> str:

@@ -62,3 +62,25 @@ def test_targets_say_when_no_memplan_run_peaks_as_low():
     assert "no memplan run peaks that low" in lines[1]
     # At PyTorch's smallest peak (60 MiB, 150 ms) the only memplan run as fast peaks higher.
     assert "50.0% higher; the target of 25% lower is missed" in lines[2]
+
+
+def test_a_compiled_run_above_its_prediction_lists_what_its_peak_held():
+    """benchmarks.compiled keeps, for a run measured above its prediction, the largest
+    groups of blocks live at its peak, and its page lists them under the table."""
+    from dataclasses import asdict
+
+    from benchmarks.compiled import CompiledRun, table
+
+    def compiled(r: Run, **fields: object) -> CompiledRun:
+        return CompiledRun(**{**asdict(r), "max_grad_error": 0.0, **fields})
+
+    held = [[MIB, 3, "aten::mm"], [4096, 2, "aten::empty_strided < aten::gelu"]]
+    over = compiled(run("memplan", "70%", 81, 100, 80), at_peak=held)
+    exact = compiled(run("memplan", "50%", 60, 100, 70))
+    saved = CompiledRun(**asdict(over))  # as the JSON gives it back
+    lines = table([compiled(EAGER), saved, exact])
+    listed = [line for line in lines if "held at its peak" in line]
+    assert listed == [
+        "- memplan greedy 70%, measured above its prediction, held at its peak: "
+        "3 x 1.00 MiB by `aten::mm`; 2 x 4.00 KiB by `aten::empty_strided < aten::gelu`"
+    ]
