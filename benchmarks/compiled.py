@@ -66,7 +66,7 @@ from benchmarks.models import (
 from benchmarks.pages import saved_section, write_section
 from memplan.backends import MemplanBackend
 from memplan.budget import Budget
-from memplan.errors import InfeasibleBudget, MemplanError
+from memplan.errors import InfeasibleBudget, MemplanError, cause_of
 from memplan.files import write_json_atomically
 from memplan.planner.measure import median_step_seconds
 from memplan.planner.peak_contents import live_at_peak
@@ -152,14 +152,6 @@ def one_line(error: BaseException) -> str:
             break
         error = inner
     return f"{type(error).__name__}: {' '.join(str(error).split())}"[:300]
-
-
-def cause_of(error: BaseException, kind: type[BaseException]) -> BaseException | None:
-    """The first exception of `kind` among `error` and its causes."""
-    found: BaseException | None = error
-    while found is not None and not isinstance(found, kind):
-        found = found.__cause__ or getattr(found, "inner_exception", None)
-    return found
 
 
 def compiled_graphs() -> int:

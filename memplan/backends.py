@@ -38,7 +38,7 @@ import torch._functorch.config as functorch_config
 from torch._dynamo.backends.common import aot_autograd
 
 from memplan.budget import Budget
-from memplan.errors import MemplanError, MemplanWarning, first_line
+from memplan.errors import InfeasibleBudget, MemplanError, MemplanWarning, first_line
 from memplan.planner.capture import boxed_runner
 from memplan.planner.compiled_peak import CompiledGraphs, compiled_peak
 from memplan.planner.options import PlanOptions
@@ -192,7 +192,12 @@ class MemplanBackend:
         it peaks lower, and the later rounds are compiled as the kept one was."""
         first = len(partitioner.plans)
         inner = self.inner
-        compiled, graphs = self._aot(gm, example_inputs, partitioner, inner)
+        try:
+            compiled, graphs = self._aot(gm, example_inputs, partitioner, inner)
+        except InfeasibleBudget as infeasible:
+            if not self.checks_compiled:
+                raise
+            raise self._least_as_compiled(gm, example_inputs, partitioner, infeasible) from None
         if not self.checks_compiled or len(partitioner.plans) == first:
             self.plans.extend(partitioner.plans[first:])
             return compiled
@@ -240,6 +245,14 @@ class MemplanBackend:
                 MemplanWarning,
                 stacklevel=3,
             )
+        elif plan.status == "best-effort" and plan.peak > plan.predicted_peak:
+            # The planner's warning named the least of the unfused graphs.
+            warnings.warn(
+                f"{plan.name}: as Inductor compiled it, the least-memory plan peaks at "
+                f"{format_bytes(plan.peak)}",
+                MemplanWarning,
+                stacklevel=3,
+            )
         # The kept round's plan, held to the budget asked, is the graph's only plan.
         asked = rounds[0][1]
         kept = dataclasses.replace(
@@ -258,6 +271,38 @@ class MemplanBackend:
         partitioner.keep_only(first, index, kept)
         self.plans.append(kept)
         return compiled
+
+    def _least_as_compiled(
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        partitioner: Partitioner,
+        infeasible: InfeasibleBudget,
+    ) -> InfeasibleBudget:
+        """`infeasible` (raised for a budget below the least the planner finds), its least
+        peak that of the graph planned for it as Inductor compiles it where that is higher:
+        the least budget the backend can hold the graph to. The graph is planned, compiled
+        and checked for it (best effort), and the plan dropped."""
+        options, budget = partitioner.options, partitioner.budget
+        kept, first = len(self.plans), len(partitioner.plans)
+        partitioner.options = dataclasses.replace(options, best_effort=True)
+        partitioner.budget = Budget(bytes=1)  # under every least: planned for the least
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", MemplanWarning)
+                self.compile(gm, example_inputs, partitioner)
+            least = max(infeasible.smallest_feasible, self.plans[-1].peak)
+        finally:
+            partitioner.options, partitioner.budget = options, budget
+            del self.plans[kept:]
+            partitioner.forget_from(first)
+        return InfeasibleBudget(
+            infeasible.budget,
+            least,
+            infeasible.solver,
+            what=infeasible.what,
+            lower_bound=infeasible.lower_bound,
+        )
 
     def _aot(
         self,

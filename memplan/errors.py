@@ -117,3 +117,13 @@ def first_line(error: BaseException, limit: int = 300) -> str:
     lines = str(error).strip().splitlines()
     text = one_line(lines[0]) if lines else type(error).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def cause_of(error: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The first exception of `kind` among `error` and its causes: torch.compile raises
+    what a backend raised inside its own BackendCompilerFailed (as `inner_exception`), so
+    memplan's InfeasibleBudget from a compiling step is `cause_of(error, InfeasibleBudget)`."""
+    found: BaseException | None = error
+    while found is not None and not isinstance(found, kind):
+        found = found.__cause__ or getattr(found, "inner_exception", None)
+    return found

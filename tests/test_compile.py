@@ -18,7 +18,7 @@ import memplan
 import memplan.backends as memplan_backends
 import memplan.planner.profile
 import memplan.planner.solve
-from memplan.errors import AllocatorUnreadable, InfeasibleBudget, MemplanWarning
+from memplan.errors import AllocatorUnreadable, InfeasibleBudget, MemplanWarning, cause_of
 from memplan.passes.offload import OFFLOAD, PREFETCH, WAIT
 from memplan.planner.measure import measure_peak
 from memplan.planner.plan_file import Plan
@@ -289,6 +289,29 @@ def test_a_shape_the_budget_cannot_hold_warns_or_raises_before_the_step() -> Non
     with pytest.raises(InfeasibleBudget):
         train_step(compiled, example.inputs)()
     assert all(p.grad is None for p in model.parameters())  # nothing of the step ran
+
+
+def test_the_least_an_error_names_under_inductor_is_a_budget_the_step_holds() -> None:
+    """With best_effort=False, a budget below the least raises InfeasibleBudget before the
+    step runs. Under Inductor it names the least as the graphs planned for it compile (on
+    the zoo's CNN, above the unfused graphs' least), and a step compiled with that budget
+    holds it; the plan made to find it is not kept."""
+    example = ZOO["cnn"]()
+    torch._dynamo.reset()
+    strict = memplan.backend(budget="1 B", best_effort=False, progress=False)
+    model = copy.deepcopy(example.model)
+    with pytest.raises(Exception) as raised:  # Dynamo wraps what a backend raises
+        train_step(torch.compile(model, backend=strict), example.inputs)()
+    infeasible = cause_of(raised.value, InfeasibleBudget)
+    assert isinstance(infeasible, InfeasibleBudget)
+    assert not strict.plans and all(p.grad is None for p in model.parameters())
+    torch._dynamo.reset()
+    least = infeasible.smallest_feasible
+    held = memplan.backend(budget=f"{least} B", best_effort=False, progress=False)
+    model = copy.deepcopy(example.model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MemplanWarning)  # no "above its budget"
+        assert steady_step_peak(torch.compile(model, backend=held), model, example.inputs) <= least
 
 
 class ThreeBreaks(torch.nn.Module):

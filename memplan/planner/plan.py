@@ -343,6 +343,11 @@ class Partitioner:
         self.schedules.append(schedule)
         return forward, backward
 
+    def forget_from(self, first: int) -> None:
+        """Drop the plans made from index `first` on."""
+        for made in (self.plans, self.lowered, self.schedules):
+            del made[first:]
+
     def keep_only(self, first: int, chosen: int, plan: Plan) -> None:
         """Of the plans made from index `first` on (rounds of planning one graph again),
         keep only round `chosen`'s, its Plan replaced by `plan`."""
