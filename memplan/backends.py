@@ -60,6 +60,7 @@ MAX_SHAPE_PLANS = 8
 # Per graph: how many times it may be planned again, at a budget moved by what Inductor's
 # compiled graphs peaked above (or below) the budget.
 INDUCTOR_ROUNDS = 3
+LEAST_AIM = 1  # bytes: a budget under every graph's least, planned best effort for it
 # Inductor's fusion can leave a plan well under its budget: where the room left is over
 # this share of the budget, the graph is planned again at a budget raised by it.
 COMPILED_SLACK = 0.05
@@ -189,7 +190,8 @@ class MemplanBackend:
         over it) is kept. Where the check cannot run, or where layout optimization takes
         a graph with convolutions over its budget (_layout_may_cost), the graph is also
         compiled without layout optimization; the first is kept, the second only where
-        it peaks lower, and the later rounds are compiled as the kept one was."""
+        it peaks lower, and the later rounds are compiled as the kept one was. Where no
+        round holds the budget, the least-memory plan is the last round tried."""
         first = len(partitioner.plans)
         inner = self.inner
         try:
@@ -227,12 +229,13 @@ class MemplanBackend:
                 if aim is None or aim in tried:
                     break
                 tried.add(aim)
-                partitioner.budget = Budget(bytes=aim + partitioner.resident.held)
-                start = len(partitioner.plans)
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", MemplanWarning)
-                    compiled, graphs = self._aot(gm, example_inputs, partitioner, inner)
-                rounds.append(self._checked(partitioner, start, compiled, graphs))
+                rounds.append(self._round(gm, example_inputs, partitioner, inner, aim))
+            # Where no round held the budget, the least-memory plan is the last tried: the
+            # least an InfeasibleBudget names is its peak as compiled (_least_as_compiled),
+            # so a budget at that least is held.
+            first_plan = rounds[0][1]
+            if first_plan.status != "best-effort" and all(p.peak > target for _, p in rounds):
+                rounds.append(self._round(gm, example_inputs, partitioner, inner, LEAST_AIM))
         finally:
             partitioner.options, partitioner.budget = options, budget
         index = _kept_round([plan for _, plan in rounds], target)
@@ -272,6 +275,23 @@ class MemplanBackend:
         self.plans.append(kept)
         return compiled
 
+    def _round(
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        partitioner: Partitioner,
+        inner: Callable[..., Any],
+        aim: int,
+    ) -> tuple[Callable[..., Any], Plan]:
+        """One more round of planning the graph, at `aim` bytes beyond what is resident,
+        compiled with `inner` and checked; the planner's warnings are not the user's."""
+        partitioner.budget = Budget(bytes=aim + partitioner.resident.held)
+        start = len(partitioner.plans)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", MemplanWarning)
+            compiled, graphs = self._aot(gm, example_inputs, partitioner, inner)
+        return self._checked(partitioner, start, compiled, graphs)
+
     def _least_as_compiled(
         self,
         gm: torch.fx.GraphModule,
@@ -286,7 +306,7 @@ class MemplanBackend:
         options, budget = partitioner.options, partitioner.budget
         kept, first = len(self.plans), len(partitioner.plans)
         partitioner.options = dataclasses.replace(options, best_effort=True)
-        partitioner.budget = Budget(bytes=1)  # under every least: planned for the least
+        partitioner.budget = Budget(bytes=LEAST_AIM)  # planned for the least
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", MemplanWarning)

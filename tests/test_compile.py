@@ -509,6 +509,29 @@ def test_a_convolution_graph_over_its_budget_is_tried_without_layout_optimizatio
     assert (plan.compiled_peak == plan.predicted_peak) is lower_without
 
 
+def test_where_no_round_holds_the_budget_the_least_memory_plan_is_tried_last(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As Inductor compiles them, every plan made at a budget peaks over it, and only the
+    least-memory plan (planned for a 1-byte budget, as the least an InfeasibleBudget names
+    is found) fits: the rounds end with it, and it is kept."""
+
+    def measured(plan: Plan, *_: object) -> int:
+        least = plan.requested_budget <= memplan_backends.LEAST_AIM
+        return plan.predicted_peak if least else plan.budget + 2**20
+
+    monkeypatch.setattr(memplan_backends, "compiled_peak", measured)
+    example = ZOO["mlp"](batch=512)
+    torch._dynamo.reset()
+    backend = memplan.backend(budget="70%", progress=False)
+    model = copy.deepcopy(example.model)
+    _train_and_compare(torch.compile(model, backend=backend), model, example.inputs)
+    (plan,) = backend.plans
+    aims = [aim for aim, _ in plan.options["compiled_rounds"]]
+    assert aims[-1] <= memplan_backends.LEAST_AIM and len(aims) > 1
+    assert plan.peak == plan.compiled_peak <= plan.budget
+
+
 def test_a_graph_the_check_cannot_run_is_compiled_without_layout_optimization(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
