@@ -99,11 +99,14 @@ def readable() -> bool:
 
 
 @contextlib.contextmanager
-def recording(device: torch.device, marked: str | None = None) -> Iterator[Recording]:
+def recording(
+    device: torch.device, marked: str | None = None, *, with_calls: bool = False
+) -> Iterator[Recording]:
     """Record `device`'s allocation events inside the block (CPU), and the ranges opened
-    with a name that starts with `marked`. Kineto's start and stop lines on stderr are held
-    back: a user's terminal is no place for them. Raises AllocatorUnreadable, starting
-    nothing, inside another profiler session."""
+    with a name that starts with `marked`; `with_calls`, each allocation with the calls
+    it was made in (a walk up the event tree per allocation: only for who asks). Kineto's
+    start and stop lines on stderr are held back: a user's terminal is no place for them.
+    Raises AllocatorUnreadable, starting nothing, inside another profiler session."""
     if not readable():
         raise AllocatorUnreadable(
             "cannot read the CPU allocator inside a running torch.profiler session: a "
@@ -127,7 +130,7 @@ def recording(device: torch.device, marked: str | None = None) -> Iterator[Recor
         if event.tag == _EventType.Allocation:
             fields = event.extra_fields
             if _on(fields.device, device):
-                calls = _calls(event.parent)
+                calls = _calls(event.parent) if with_calls else ()
                 found.events.append(
                     Allocated(event.start_time_ns, fields.alloc_size, fields.ptr, calls)
                 )

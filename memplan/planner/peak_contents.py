@@ -71,7 +71,7 @@ def live_at_peak(step: Callable[[], object], device: torch.device) -> list[LiveB
 
 def _cpu(step: Callable[[], object], device: torch.device) -> Recording:
     """The profiler's allocation events of `step()`, each with the calls that made it."""
-    with recording(device) as found:
+    with recording(device, with_calls=True) as found:
         step()
     return found
 
