@@ -191,7 +191,8 @@ class MemplanBackend:
         a graph with convolutions over its budget (_layout_may_cost), the graph is also
         compiled without layout optimization; the first is kept, the second only where
         it peaks lower, and the later rounds are compiled as the kept one was. Where no
-        round holds the budget, the least-memory plan is the last round tried."""
+        round holds the budget, the least-memory plan is the last round tried (for a graph
+        with convolutions, with layout optimization and without it)."""
         first = len(partitioner.plans)
         inner = self.inner
         try:
@@ -205,7 +206,8 @@ class MemplanBackend:
             return compiled
         again = self.without_layout is not None  # compiled again where the check fails
         rounds = [self._checked(partitioner, first, compiled, graphs, quiet=again)]
-        if not rounds[0][1].compiled_peak and self.without_layout is not None:
+        layout_checked = bool(rounds[0][1].compiled_peak)
+        if not layout_checked and self.without_layout is not None:
             inner = self.without_layout
             compiled, graphs = self._aot(gm, example_inputs, partitioner, inner)
             partitioner.keep_only(first, 1, partitioner.plans[first + 1])
@@ -219,6 +221,7 @@ class MemplanBackend:
             if chosen:
                 inner, rounds = self.without_layout, [checked]
         target = rounds[0][1].budget  # the graph's budget as first planned
+        compiled_with = [inner]  # each round's inner compiler
         options, budget = partitioner.options, partitioner.budget
         try:
             # Later rounds aim off the budget: best effort, their warnings not the user's.
@@ -230,16 +233,20 @@ class MemplanBackend:
                     break
                 tried.add(aim)
                 rounds.append(self._round(gm, example_inputs, partitioner, inner, aim))
+                compiled_with.append(inner)
             # Where no round held the budget, the least-memory plan is the last tried: the
             # least an InfeasibleBudget names is its peak as compiled (_least_as_compiled),
             # so a budget at that least is held.
             first_plan = rounds[0][1]
             if first_plan.status != "best-effort" and all(p.peak > target for _, p in rounds):
-                rounds.append(self._round(gm, example_inputs, partitioner, inner, LEAST_AIM))
+                for way in self._least_ways(partitioner, inner, layout_checked):
+                    rounds.append(self._round(gm, example_inputs, partitioner, way, LEAST_AIM))
+                    compiled_with.append(way)
         finally:
             partitioner.options, partitioner.budget = options, budget
         index = _kept_round([plan for _, plan in rounds], target)
         compiled, plan = rounds[index]
+        inner = compiled_with[index]
         if plan.peak > target and rounds[0][1].status != "best-effort":
             warnings.warn(
                 f"{plan.name}: as Inductor compiled it, the graph peaks at "
@@ -291,6 +298,21 @@ class MemplanBackend:
             warnings.simplefilter("ignore", MemplanWarning)
             compiled, graphs = self._aot(gm, example_inputs, partitioner, inner)
         return self._checked(partitioner, start, compiled, graphs)
+
+    def _least_ways(
+        self, partitioner: Partitioner, inner: Callable[..., Any], layout_checked: bool
+    ) -> list[Callable[..., Any]]:
+        """The inner compilers to compile the least-memory plan with, where no round held
+        the budget: the rounds' own (`inner`) and, for a graph with convolutions whose
+        check could run with layout optimization, the other way of it. The least an
+        InfeasibleBudget names is that plan's peak as compiled with layout optimization, or
+        without it where that is lower (_least_as_compiled), while the rounds may have
+        left layout optimization for a plan it took over the budget: a budget at that least
+        is held only if the least plan is compiled both ways."""
+        both = self.without_layout is not None and layout_checked
+        if not both or not _has_convolutions(partitioner):
+            return [inner]
+        return [self.inner, self.without_layout]
 
     def _least_as_compiled(
         self,
@@ -381,12 +403,16 @@ def _layout_may_cost(partitioner: Partitioner, plan: Plan) -> bool:
     without it: it has convolutions (the only graphs the optimization changes), and its
     compiled peak is above its budget or, planned best effort (its budget then being what
     runs), above the unfused graphs' prediction."""
-    convolutions = partitioner.lowered[-1].joint.graph.find_nodes(
-        op="call_function", target=torch.ops.aten.convolution.default
-    )
-    if not convolutions or not plan.compiled_peak:
+    if not _has_convolutions(partitioner) or not plan.compiled_peak:
         return False
     return plan.peak > (plan.predicted_peak if plan.status == "best-effort" else plan.budget)
+
+
+def _has_convolutions(partitioner: Partitioner) -> bool:
+    """Whether the graph last planned has convolutions: the only graphs Inductor's layout
+    optimization changes."""
+    joint = partitioner.lowered[-1].joint.graph
+    return bool(joint.find_nodes(op="call_function", target=torch.ops.aten.convolution.default))
 
 
 def _replanned_note(plan: Plan, target: int) -> str:

@@ -532,6 +532,44 @@ def test_where_no_round_holds_the_budget_the_least_memory_plan_is_tried_last(
     assert plan.peak == plan.compiled_peak <= plan.budget
 
 
+def test_the_least_memory_plan_is_tried_with_layout_optimization_the_rounds_left(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first plan peaks lower without layout optimization, so the rounds are compiled
+    without it, and none holds the budget; the least-memory plan fits only with layout
+    optimization (as the least an InfeasibleBudget names can be measured): the last
+    rounds compile it both ways, and the one that fits is kept, with layout optimization."""
+    import torch._inductor.compile_fx as compile_fx
+    from torch._inductor import config as inductor_config
+
+    settings: list[bool] = []
+    inner = compile_fx.compile_fx_inner
+
+    def recording(*args: object, **kwargs: object) -> object:
+        settings.append(inductor_config.layout_optimization)
+        return inner(*args, **kwargs)
+
+    def measured(plan: Plan, *_: object) -> int:
+        with_layout = settings[-1]
+        if plan.requested_budget <= memplan_backends.LEAST_AIM and with_layout:
+            return plan.predicted_peak
+        return 2**40 if with_layout else 2**39  # over any budget; lower without
+
+    monkeypatch.setattr(memplan_backends, "compiled_peak", measured)
+    monkeypatch.setattr(compile_fx, "compile_fx_inner", recording)
+    example = ZOO["cnn"](batch=2, image=16, channels=4, blocks=1)
+    torch._dynamo.reset()
+    backend = memplan.backend(budget="90%", progress=False)
+    model = copy.deepcopy(example.model)
+    _train_and_compare(torch.compile(model, backend=backend), model, example.inputs)
+    (plan,) = backend.plans
+    aims = [aim for aim, _ in plan.options["compiled_rounds"]]
+    assert aims[-2:] == [memplan_backends.LEAST_AIM] * 2
+    assert plan.peak == plan.compiled_peak == plan.predicted_peak <= plan.budget
+    assert "layout_optimization" not in plan.options  # kept with it
+    assert settings[-2:] == [False, False]  # the least plan, last compiled without it
+
+
 def test_a_graph_the_check_cannot_run_is_compiled_without_layout_optimization(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
