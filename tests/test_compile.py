@@ -470,13 +470,9 @@ def test_measuring_inside_a_users_profiler_is_a_clear_error() -> None:
     assert "aten::sum" in {e.key for e in users.key_averages()}
 
 
-@pytest.mark.parametrize("lower_without", [True, False])
-def test_a_convolution_graph_over_its_budget_is_tried_without_layout_optimization(
-    monkeypatch: pytest.MonkeyPatch, lower_without: bool
-) -> None:
-    """Where Inductor's graphs with its layout optimization peak above the budget, the plan
-    is compiled again without it; that compile is kept, and the later rounds made
-    without it, where it peaks lower, and dropped where it does not."""
+def _layout_settings(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Inductor's layout_optimization setting at each graph it compiles from now on, in
+    order (forward, then backward, per compile)."""
     import torch._inductor.compile_fx as compile_fx
     from torch._inductor import config as inductor_config
 
@@ -487,13 +483,25 @@ def test_a_convolution_graph_over_its_budget_is_tried_without_layout_optimizatio
         settings.append(inductor_config.layout_optimization)
         return inner(*args, **kwargs)
 
+    monkeypatch.setattr(compile_fx, "compile_fx_inner", recording)
+    return settings
+
+
+@pytest.mark.parametrize("lower_without", [True, False])
+def test_a_convolution_graph_over_its_budget_is_tried_without_layout_optimization(
+    monkeypatch: pytest.MonkeyPatch, lower_without: bool
+) -> None:
+    """Where Inductor's graphs with its layout optimization peak above the budget, the plan
+    is compiled again without it; that compile is kept, and the later rounds made
+    without it, where it peaks lower, and dropped where it does not."""
+    settings = _layout_settings(monkeypatch)
+
     def measured(plan: Plan, *_: object) -> int:
         # With layout optimization (the first compile's graphs): over the budget.
         lowered = settings[-1] is False and lower_without
         return plan.predicted_peak if lowered else plan.budget + 2**20
 
     monkeypatch.setattr(memplan_backends, "compiled_peak", measured)
-    monkeypatch.setattr(compile_fx, "compile_fx_inner", recording)
     example = ZOO["cnn"](batch=2, image=16, channels=4, blocks=1)
     torch._dynamo.reset()
     backend = memplan.backend(budget="70%", progress=False)
@@ -509,6 +517,17 @@ def test_a_convolution_graph_over_its_budget_is_tried_without_layout_optimizatio
     assert (plan.compiled_peak == plan.predicted_peak) is lower_without
 
 
+def _the_plan_trained(example: Example, budget: str) -> Plan:
+    """The one plan of `example`'s model compiled with memplan's backend at `budget`, once
+    a step trained with it has matched eager's gradients."""
+    torch._dynamo.reset()
+    backend = memplan.backend(budget=budget, progress=False)
+    model = copy.deepcopy(example.model)
+    _train_and_compare(torch.compile(model, backend=backend), model, example.inputs)
+    (plan,) = backend.plans
+    return plan
+
+
 def test_where_no_round_holds_the_budget_the_least_memory_plan_is_tried_last(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -521,12 +540,7 @@ def test_where_no_round_holds_the_budget_the_least_memory_plan_is_tried_last(
         return plan.predicted_peak if least else plan.budget + 2**20
 
     monkeypatch.setattr(memplan_backends, "compiled_peak", measured)
-    example = ZOO["mlp"](batch=512)
-    torch._dynamo.reset()
-    backend = memplan.backend(budget="70%", progress=False)
-    model = copy.deepcopy(example.model)
-    _train_and_compare(torch.compile(model, backend=backend), model, example.inputs)
-    (plan,) = backend.plans
+    plan = _the_plan_trained(ZOO["mlp"](batch=512), "70%")
     aims = [aim for aim, _ in plan.options["compiled_rounds"]]
     assert aims[-1] <= memplan_backends.LEAST_AIM and len(aims) > 1
     assert plan.peak == plan.compiled_peak <= plan.budget
@@ -539,15 +553,7 @@ def test_the_least_memory_plan_is_tried_with_layout_optimization_the_rounds_left
     without it, and none holds the budget; the least-memory plan fits only with layout
     optimization (as the least an InfeasibleBudget names can be measured): the last
     rounds compile it both ways, and the one that fits is kept, with layout optimization."""
-    import torch._inductor.compile_fx as compile_fx
-    from torch._inductor import config as inductor_config
-
-    settings: list[bool] = []
-    inner = compile_fx.compile_fx_inner
-
-    def recording(*args: object, **kwargs: object) -> object:
-        settings.append(inductor_config.layout_optimization)
-        return inner(*args, **kwargs)
+    settings = _layout_settings(monkeypatch)
 
     def measured(plan: Plan, *_: object) -> int:
         with_layout = settings[-1]
@@ -556,13 +562,7 @@ def test_the_least_memory_plan_is_tried_with_layout_optimization_the_rounds_left
         return 2**40 if with_layout else 2**39  # over any budget; lower without
 
     monkeypatch.setattr(memplan_backends, "compiled_peak", measured)
-    monkeypatch.setattr(compile_fx, "compile_fx_inner", recording)
-    example = ZOO["cnn"](batch=2, image=16, channels=4, blocks=1)
-    torch._dynamo.reset()
-    backend = memplan.backend(budget="90%", progress=False)
-    model = copy.deepcopy(example.model)
-    _train_and_compare(torch.compile(model, backend=backend), model, example.inputs)
-    (plan,) = backend.plans
+    plan = _the_plan_trained(ZOO["cnn"](batch=2, image=16, channels=4, blocks=1), "90%")
     aims = [aim for aim, _ in plan.options["compiled_rounds"]]
     assert aims[-2:] == [memplan_backends.LEAST_AIM] * 2
     assert plan.peak == plan.compiled_peak == plan.predicted_peak <= plan.budget
@@ -576,21 +576,12 @@ def test_a_graph_the_check_cannot_run_is_compiled_without_layout_optimization(
     """Inductor's layout optimization saves channels-last copies only the check of the
     compiled graphs sees: where that check fails, the graph is compiled again without it,
     and a warning says the prediction is the unfused graphs'."""
-    import torch._inductor.compile_fx as compile_fx
-    from torch._inductor import config as inductor_config
+    settings = _layout_settings(monkeypatch)
 
     def no_check(*_: object) -> int:
         raise RuntimeError("the check cannot run")
 
-    settings: list[bool] = []
-    inner = compile_fx.compile_fx_inner
-
-    def recording(*args: object, **kwargs: object) -> object:
-        settings.append(inductor_config.layout_optimization)
-        return inner(*args, **kwargs)
-
     monkeypatch.setattr(memplan_backends, "compiled_peak", no_check)
-    monkeypatch.setattr(compile_fx, "compile_fx_inner", recording)
     example = ZOO["mlp"](batch=512)
     torch._dynamo.reset()
     backend = memplan.backend(budget="70%", progress=False)
