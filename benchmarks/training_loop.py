@@ -168,9 +168,10 @@ def train(
         steps = []
         for index, (batch, seq) in enumerate(shapes):
             ids = torch.randint(0, vocab, (batch, seq), generator=generator)
-            before = copy.deepcopy(model.state_dict())
+            # Where a measured step must run again, it starts from these parameters.
+            before = copy.deepcopy(model.state_dict()) if measured else None
             step = one_step(index, compiled, model, optimizer, ids, plans, measured)
-            if measured and step.compiling:
+            if before is not None and step.compiling:
                 # Dynamo may try a graph of dynamic shapes before the static one compiled
                 # for these sizes, and memplan plan it for them: that measured nothing
                 # but compiling. The step runs again from where it started.
@@ -298,8 +299,10 @@ def run_loops(preset: str, steps: int, share: float, progress: Progress) -> dict
     for name, (compile_, plans) in compilers.items():
 
         def advance(step: Step, name: str = name) -> None:
-            state = "crashed" if step.error else format_bytes(step.peak or 0)
-            state = state if step.peak is not None or step.error else "timed"
+            if step.error:
+                state = "crashed"
+            else:
+                state = "timed" if step.peak is None else format_bytes(step.peak)
             label = f"{name}: step {step.step} ({step.batch}x{step.seq}) {state}"
             progress.update(task, advance=1, description=label)
 
