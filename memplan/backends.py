@@ -99,7 +99,9 @@ class MemplanBackend:
         if inner not in INNER_COMPILERS:
             raise MemplanError(f"inner compiler must be one of {INNER_COMPILERS}, got {inner!r}")
         self.budget = Budget.parse(budget)
-        self.options = PlanOptions(solver=solver, **{"best_effort": True, **options})
+        # Inductor fuses pointwise ops and views: their recomputes are priced as fused.
+        defaults = {"best_effort": True, "fused_pointwise": inner == "inductor"}
+        self.options = PlanOptions(solver=solver, **{**defaults, **options})
         # Eager runs the planned graphs as generated code that frees each value after its
         # last use, as the API path does, so saved activations die where the plan frees them.
         # Inductor runs with torch.compile's own settings (layout optimization included:

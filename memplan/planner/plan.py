@@ -22,6 +22,7 @@ from memplan.passes.contiguous import contiguous_convolution_inputs
 from memplan.passes.rewrite import Lowered, rewrite
 from memplan.planner.capture import module_copy
 from memplan.planner.fragmentation import MOVES, ArenaFit, fit_arena
+from memplan.planner.fusion import fused_seconds
 from memplan.planner.layout import (
     ALLOCATOR_ALIGNMENT,
     EXACT_TIME_LIMIT,
@@ -397,9 +398,11 @@ class Partitioner:
             cache=self.cache,
             progress=self.options.progress,
         )
+        seconds = [profile.seconds.get(n.name, 0.0) for n in lowered.fx_nodes]
+        if self.options.fused_pointwise:
+            seconds = fused_seconds(lowered.fx_nodes, seconds)
         graph = lowered.graph.replace_times(
-            [profile.seconds.get(n.name, 0.0) for n in lowered.fx_nodes],
-            [profile.workspace.get(n.name, 0) for n in lowered.fx_nodes],
+            seconds, [profile.workspace.get(n.name, 0) for n in lowered.fx_nodes]
         )
         if self.before_solving is not None:
             graph = self.before_solving(graph)
