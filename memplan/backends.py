@@ -99,7 +99,7 @@ class MemplanBackend:
         if inner not in INNER_COMPILERS:
             raise MemplanError(f"inner compiler must be one of {INNER_COMPILERS}, got {inner!r}")
         self.budget = Budget.parse(budget)
-        # Inductor fuses pointwise ops and views: their recomputes are priced as fused.
+        # Inductor fuses pointwise ops away: the solver prices them as it runs them.
         defaults = {"best_effort": True, "fused_pointwise": inner == "inductor"}
         self.options = PlanOptions(solver=solver, **{**defaults, **options})
         # Eager runs the planned graphs as generated code that frees each value after its

@@ -1,5 +1,6 @@
-"""Pricing as Inductor runs the graphs: pointwise ops and views cost 0 s in the graph a
-backend with inductor solves (planner/fusion.py); the unfused graphs keep their times."""
+"""Pricing as Inductor runs the graphs (planner/fusion.py): a view, and a pointwise op
+inlined into every kernel that reads it, cost 0 s in the graph a backend with Inductor
+solves; a pointwise op read by a matrix product keeps its time, as do unfused graphs."""
 
 from __future__ import annotations
 
@@ -7,24 +8,48 @@ import copy
 
 import torch
 from torch import nn
+from torch.fx.experimental.proxy_tensor import make_fx
 
 import memplan
 from memplan.budget import Budget
 from memplan.graph import Graph
 from memplan.planner.capture import compile_training_step
+from memplan.planner.fusion import fused_away
 from memplan.planner.options import PlanOptions
 from memplan.planner.plan import Partitioner
 
 
-def _mlp() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+def test_what_inductor_fuses_away():
+    def step(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        scaled = x * 2  # read by a pointwise op and a reduction: inlined into both
+        active = torch.relu(scaled)  # read by a matrix product: a kernel of its own
+        return (active @ w.t()).sum() + scaled.sum()
+
+    gm = make_fx(step)(torch.randn(4, 8), torch.randn(3, 8))
+    by_op = {str(n.target): fused_away(n) for n in gm.graph.nodes if n.op == "call_function"}
+    assert by_op == {
+        "aten.mul.Tensor": True,
+        "aten.relu.default": False,
+        "aten.t.default": True,  # a view
+        "aten.mm.default": False,
+        "aten.sum.default": False,
+        "aten.add.Tensor": False,  # the graph's output
+    }
+
+
+class _Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(64, 256), nn.Linear(256, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(nn.functional.gelu(self.up(x) * 2))
+
+
+def _solved(fused: bool) -> tuple[Graph, Partitioner]:
+    """The graph the solver is given for a small model's training step, and its partitioner."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
-    return model, (torch.randn(32, 64),)
-
-
-def _solved_graph(fused: bool) -> Graph:
-    """The graph of the MLP's training step as the solver is given it."""
-    model, inputs = _mlp()
+    model, inputs = _Scaled(), (torch.randn(32, 64),)
     seen: list[Graph] = []
 
     def look(graph: Graph) -> Graph:
@@ -32,25 +57,24 @@ def _solved_graph(fused: bool) -> Graph:
         return graph
 
     options = PlanOptions(progress=False, fused_pointwise=fused)
-    partitioner = Partitioner(Budget.parse("100%"), options, name="mlp")
+    partitioner = Partitioner(Budget.parse("100%"), options, name="scaled")
     partitioner.before_solving = look
     compile_training_step(copy.deepcopy(model), inputs, partitioner)
     (graph,) = seen
-    return graph
+    return graph, partitioner
 
 
-def _times(graph: Graph, op: str) -> list[float]:
-    return [n.time for n in graph if n.op == op]
-
-
-def test_pointwise_ops_and_views_are_priced_as_fused():
-    fused, unfused = _solved_graph(fused=True), _solved_graph(fused=False)
-    for op in ("aten.gelu.default", "aten.t.default"):  # pointwise, a view
-        assert _times(unfused, op) and all(t > 0 for t in _times(unfused, op)), op
-        assert _times(fused, op) and all(t == 0 for t in _times(fused, op)), op
-    # a matrix product is its own kernel under Inductor: its time stays
-    assert _times(fused, "aten.mm.default")
-    assert all(t > 0 for t in _times(fused, "aten.mm.default"))
+def test_the_solver_is_given_the_fused_times():
+    fused, partitioner = _solved(fused=True)
+    unfused, _ = _solved(fused=False)  # the same profile, from the profile cache
+    nodes = partitioner.lowered[0].fx_nodes
+    away = [fused_away(n) for n in nodes]
+    assert any(away) and not all(away)
+    for node, gone, priced, profiled in zip(nodes, away, fused, unfused, strict=True):
+        assert priced.time == (0.0 if gone else profiled.time), node.name
+    # the forward's `* 2` is read only by the GELU and its backward; the GELU by a matmul
+    assert [fused_away(n) for n in nodes if n.name in ("mul", "gelu")] == [True, False]
+    assert any(p.time > 0 for p, gone in zip(fused, away, strict=True) if not gone)
 
 
 def test_the_backend_prices_as_its_inner_compiler_runs():

@@ -1,13 +1,13 @@
-"""Node times as Inductor runs them: pointwise ops and views priced as fused (0 s).
+"""Node times as Inductor runs them: what it fuses away priced at 0 s.
 
-The profiler times each node as its own kernel, as the unfused graphs run. Inductor fuses a
-pointwise op (an add, a GELU, the scaling half of a normalization) into the kernel of its
-neighbours, where it costs no launch and no trip through memory, and a view is a
-reinterpretation of a buffer under any compiler. Priced at their unfused times, plans that
-differ in how many of them they recompute are ranked by time Inductor never spends, and
-each run's profile noise picks between them. PyTorch's own partitioner prices them alike:
-its default runtime estimate of a node is its floating-point operations, which a pointwise
-op has next to none of.
+The profiler times each node as its own kernel, as the unfused graphs run. Inductor
+inlines a pointwise op (an add, a GELU, the scaling half of a normalization) into the
+kernels of the pointwise ops and reductions that read it, where its output is never
+written and it costs no kernel of its own; a view is a reinterpretation of a buffer under
+any compiler. A pointwise op read by a matrix product, a convolution or another kernel
+Inductor does not generate is still a kernel that writes its output, and keeps its
+profiled time. Priced unfused, plans that differ in how many fused-away ops they recompute
+are ranked by time Inductor never spends, and each run's profile noise picks between them.
 """
 
 from __future__ import annotations
@@ -19,13 +19,38 @@ from torch import fx
 
 
 def fused_seconds(nodes: Sequence[fx.Node], seconds: Sequence[float]) -> list[float]:
-    """`seconds` (per node of `nodes`) with the nodes Inductor fuses at 0."""
-    return [0.0 if fuses(n) else s for n, s in zip(nodes, seconds, strict=True)]
+    """`seconds` (per node of `nodes`) with the nodes Inductor fuses away at 0."""
+    return [0.0 if fused_away(n) else s for n, s in zip(nodes, seconds, strict=True)]
 
 
-def fuses(node: fx.Node) -> bool:
-    """Whether `node` is a pointwise op or a view: work Inductor folds into other kernels."""
+def fused_away(node: fx.Node) -> bool:
+    """Whether Inductor runs `node` without a kernel or an output buffer of its own: a
+    view, or a pointwise op every reader of which (through views) it is inlined into."""
+    if _is_view(node):
+        return True
+    return _tagged(node, torch.Tag.pointwise) and all(_inlines(user) for user in node.users)
+
+
+def _inlines(reader: fx.Node) -> bool:
+    """Whether Inductor computes what `reader` reads inside `reader`'s own kernel."""
+    if _is_view(reader):
+        return all(_inlines(user) for user in reader.users)
+    return _tagged(reader, torch.Tag.pointwise) or _tagged(reader, torch.Tag.reduction)
+
+
+def _is_view(node: fx.Node) -> bool:
+    op = _op(node)
+    return op is not None and op.is_view
+
+
+def _tagged(node: fx.Node, tag: torch.Tag) -> bool:
+    op = _op(node)
+    return op is not None and tag in op.tags
+
+
+def _op(node: fx.Node) -> torch._ops.OpOverload | None:
+    """The ATen op `node` calls, if it calls one."""
     target = node.target
-    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
-        return False
-    return target.is_view or torch.Tag.pointwise in target.tags
+    if node.op == "call_function" and isinstance(target, torch._ops.OpOverload):
+        return target
+    return None

@@ -47,8 +47,8 @@ class PlanOptions:
     # "arena", the arena of the plan's layout, fragmentation included (planner/layout.py).
     fragmentation: str = "live"
     layout: str = "best"  # the layout method, one of layout.METHODS
-    # Price pointwise ops and views at 0 s, as fused into their neighbours' kernels
-    # (planner/fusion.py): for graphs Inductor compiles, which the backend sets it for.
+    # Price the pointwise ops and views Inductor fuses away at 0 s (planner/fusion.py):
+    # for graphs Inductor compiles, which the backend sets it for.
     fused_pointwise: bool = False
 
     def __post_init__(self) -> None:
