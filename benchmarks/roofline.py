@@ -48,7 +48,8 @@ from memplan.planner.lower import drop_checked_asserts
 from memplan.planner.measure import median_step_seconds
 from memplan.planner.profile import profile_graph
 from memplan.planner.profile_cache import device_name, node_key
-from memplan.planner.roofline import MORE_FLOP_FORMULAS, VIEWS_NOT_MARKED
+from memplan.planner.roofline import MORE_FLOP_FORMULAS
+from memplan.planner.views import is_view
 from memplan.tools.verify import training_step
 from memplan.tools.zoo import ZOO, Example
 from memplan.units import format_seconds
@@ -108,7 +109,7 @@ def family(target: object) -> str:
     if not isinstance(target, torch._ops.OpOverload):
         return "other"
     name = target.name().split("::", 1)[1].split(".", 1)[0]
-    if getattr(target, "is_view", False) or target in VIEWS_NOT_MARKED:
+    if is_view(target):
         return VIEW
     if name in _MATMUL:
         return "matmul"

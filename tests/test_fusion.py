@@ -37,6 +37,19 @@ def test_what_inductor_fuses_away():
     }
 
 
+def test_a_view_not_marked_as_one_is_fused_away_and_seen_through():
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._unsafe_view(x * 2, (-1,)).sum()  # the mul inlined into the sum
+
+    gm = make_fx(step)(torch.randn(4, 8))
+    by_op = {str(n.target): fused_away(n) for n in gm.graph.nodes if n.op == "call_function"}
+    assert by_op == {
+        "aten.mul.Tensor": True,
+        "aten._unsafe_view.default": True,
+        "aten.sum.default": False,
+    }
+
+
 class _Scaled(nn.Module):
     def __init__(self) -> None:
         super().__init__()

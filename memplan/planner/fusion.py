@@ -17,6 +17,8 @@ from collections.abc import Sequence
 import torch
 from torch import fx
 
+from memplan.planner.views import is_view
+
 
 def fused_seconds(nodes: Sequence[fx.Node], seconds: Sequence[float]) -> list[float]:
     """`seconds` (per node of `nodes`) with the nodes Inductor fuses away at 0."""
@@ -26,21 +28,16 @@ def fused_seconds(nodes: Sequence[fx.Node], seconds: Sequence[float]) -> list[fl
 def fused_away(node: fx.Node) -> bool:
     """Whether Inductor runs `node` without a kernel or an output buffer of its own: a
     view, or a pointwise op every reader of which (through views) it is inlined into."""
-    if _is_view(node):
+    if is_view(node.target):
         return True
     return _tagged(node, torch.Tag.pointwise) and all(_inlines(user) for user in node.users)
 
 
 def _inlines(reader: fx.Node) -> bool:
     """Whether Inductor computes what `reader` reads inside `reader`'s own kernel."""
-    if _is_view(reader):
+    if is_view(reader.target):
         return all(_inlines(user) for user in reader.users)
     return _tagged(reader, torch.Tag.pointwise) or _tagged(reader, torch.Tag.reduction)
-
-
-def _is_view(node: fx.Node) -> bool:
-    op = _op(node)
-    return op is not None and op.is_view
 
 
 def _tagged(node: fx.Node, tag: torch.Tag) -> bool:

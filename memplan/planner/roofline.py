@@ -20,6 +20,7 @@ from memplan import devices
 from memplan.devices import DeviceSpec
 from memplan.planner.profile_cache import device_name
 from memplan.planner.shapes import concrete, hint
+from memplan.planner.views import is_view
 
 
 def device_spec(device: torch.device) -> DeviceSpec:
@@ -44,8 +45,7 @@ def roofline_seconds(node: fx.Node, spec: DeviceSpec) -> float:
         # Some ops have no meta kernel or need real data (nonzero, item): bytes only.
         flops = 0
     # A view reads and writes nothing; any other op reads its inputs and writes its outputs.
-    is_view = getattr(node.target, "is_view", False) or node.target in VIEWS_NOT_MARKED
-    moved = 0 if is_view else _nbytes((args, kwargs, node.meta.get("val")))
+    moved = 0 if is_view(node.target) else _nbytes((args, kwargs, node.meta.get("val")))
     outputs = [v for v in tree_leaves(node.meta.get("val")) if isinstance(v, torch.Tensor)]
     dtype = str(outputs[0].dtype).removeprefix("torch.") if outputs else "float32"
     peak = spec.matmul_flops(dtype)
@@ -70,8 +70,6 @@ MORE_FLOP_FORMULAS = {
     aten._scaled_dot_product_flash_attention_for_cpu: _attention_flops,
     aten._scaled_dot_product_flash_attention_for_cpu_backward: _attention_backward_flops,
 }
-# Views that do not say so (`is_view` false) but copy nothing.
-VIEWS_NOT_MARKED = frozenset({aten._unsafe_view.default})
 
 
 def to_meta(v: object) -> object:
@@ -122,7 +120,7 @@ _CONV_BACKWARD_PER_TAP = 132
 
 def has_measured_bound(target: object) -> bool:
     """Whether the op's transient bound comes from measurements (else it is the default)."""
-    if getattr(target, "is_view", False) or not isinstance(target, torch._ops.OpOverload):
+    if is_view(target) or not isinstance(target, torch._ops.OpOverload):
         return True
     tags = target.tags
     return (
@@ -137,7 +135,7 @@ def has_measured_bound(target: object) -> bool:
 def estimated_workspace(node: fx.Node) -> int:
     """A conservative bound on the node's transient bytes, from its op family."""
     target = node.target
-    if getattr(target, "is_view", False) or not isinstance(target, torch._ops.OpOverload):
+    if is_view(target) or not isinstance(target, torch._ops.OpOverload):
         return 0
     args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
     io = _nbytes((args, kwargs, node.meta.get("val")))
