@@ -12,15 +12,20 @@ import warnings
 
 import pytest
 import torch
+from strategies import chain_graph
 from test_e2e import eager_grads, example_of, train_step
 
 import memplan
 import memplan.backends as memplan_backends
 import memplan.planner.profile
 import memplan.planner.solve
+from memplan.budget import Budget
 from memplan.errors import AllocatorUnreadable, InfeasibleBudget, MemplanWarning, cause_of
+from memplan.graph import Graph
 from memplan.passes.offload import OFFLOAD, PREFETCH, WAIT
 from memplan.planner.measure import measure_peak
+from memplan.planner.options import PlanOptions
+from memplan.planner.plan_cache import plan_key
 from memplan.planner.plan_file import Plan
 from memplan.tools.verify import steady_step_peak
 from memplan.tools.zoo import ZOO, Example
@@ -406,6 +411,24 @@ def test_compiling_again_applies_the_kept_plan_without_solving_or_profiling(
     first, second = plans
     assert first.counts()["recompute"] > 0
     assert (second.decisions, second.predicted_peak) == (first.decisions, first.predicted_peak)
+
+
+def test_a_kept_plan_is_not_applied_where_the_solver_is_given_other_costs() -> None:
+    """The key holds the times and workspaces the solver is given: a memplan that prices a
+    node differently (fused under Inductor, say) plans again rather than reuse a plan
+    made for other costs."""
+    graph, budget, options = chain_graph(4), Budget.parse("60%"), PlanOptions()
+    cpu = torch.device("cpu")
+
+    def key(solved: Graph) -> str:
+        return plan_key("fingerprint", solved, budget, 0, options, cpu)
+
+    times = [n.time for n in graph.nodes]
+    fused = [0.0 if n.name == "f0" else n.time for n in graph.nodes]
+    assert key(graph) == key(graph.replace_times(times))
+    assert key(graph) != key(graph.replace_times(fused))
+    workspaces = [n.workspace + 1 for n in graph.nodes]
+    assert key(graph) != key(graph.replace_times(times, workspaces))
 
 
 def _must_not_run(*_: object, **__: object) -> None:

@@ -409,7 +409,7 @@ class Partitioner:
         lowered = dataclasses.replace(lowered, graph=graph)
         reuse, key = self.reuse, ""
         if self.keep_plans and reuse is None:
-            key = plan_key(lowered.fingerprint, budget, resident.held, self.options, device)
+            key = plan_key(lowered.fingerprint, graph, budget, resident.held, self.options, device)
             reuse = cached_plan(key)
         try:
             plan, schedule = plan_graph(

@@ -4,6 +4,8 @@ A second process that compiles the same model with the same budget and options g
 plan the first made: its decisions are applied again (planner/plan.py's `reuse`), so the
 solver does not run, and the profile cache (profile_cache.py) answers every node's cost,
 so nothing is measured. The key holds the graph's fingerprint (names, ops, edges, bytes),
+the costs the solver was given (node times and workspaces, as the profile and the pricing
+under Inductor made them, so that a memplan that prices a node differently plans again),
 the budget as asked, what earlier graphs of the step hold, the options that shape a plan
 and the device. A missing or unreadable entry is a miss: the cache is only a shortcut.
 """
@@ -19,24 +21,32 @@ import torch
 from memplan import config
 from memplan.budget import Budget
 from memplan.errors import PlanFileError
+from memplan.graph import Graph
 from memplan.planner.options import PlanOptions
 from memplan.planner.plan_file import Plan
 from memplan.planner.profile_cache import device_name
 
 # Its version goes up when the solvers plan differently for the same key, so that a plan
-# kept by an older memplan is made again (v2: recompute chains read what kept views pin).
-PLAN_DIR = "plans-v2"
+# kept by an older memplan is made again (v2: recompute chains read what kept views pin;
+# v3: the solver's costs are in the key).
+PLAN_DIR = "plans-v3"
 # Options that change how a plan is shown, not what it is.
 _NOT_IN_KEY = ("progress",)
 
 
 def plan_key(
-    fingerprint: str, budget: Budget, held: int, options: PlanOptions, device: torch.device
+    fingerprint: str,
+    graph: Graph,
+    budget: Budget,
+    held: int,
+    options: PlanOptions,
+    device: torch.device,
 ) -> str:
-    """What a plan was made for, as a hex digest."""
+    """What a plan was made for, as a hex digest: `graph` is the one the solver is given."""
     shaping = {k: v for k, v in dataclasses.asdict(options).items() if k not in _NOT_IN_KEY}
+    costs = [(n.time, n.workspace) for n in graph.nodes]
     text = json.dumps(
-        [fingerprint, str(budget), held, shaping, device.type, device_name(device)],
+        [fingerprint, costs, str(budget), held, shaping, device.type, device_name(device)],
         sort_keys=True,
         default=str,
     )
