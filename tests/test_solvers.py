@@ -15,8 +15,15 @@ from memplan.graph import Compute, Decision, Free, Graph, Node, NodeKind, Offloa
 from memplan.simulate import simulate
 from memplan.solvers import REGISTRY, SolverOptions, available, get_solver
 from memplan.solvers.baselines import chen_sqrt, keep_all
+from memplan.solvers.greedy import _cheapest_release, _cost_per_byte
 from memplan.solvers.greedy import solve as greedy
-from memplan.solvers.training import build_schedule, decider, recompute_chain_time
+from memplan.solvers.training import (
+    build_schedule,
+    decider,
+    recompute_chain_time,
+    saved_storages,
+    simulate_decisions,
+)
 
 STATUSES = {"optimal", "feasible", "infeasible", "timeout"}
 NO_LINK = SolverOptions()
@@ -194,6 +201,22 @@ def test_a_recompute_reads_what_a_kept_view_pins_instead_of_running_it_again():
     released = {2: Decision.RECOMPUTE, 3: Decision.RECOMPUTE}
     computed = [s.node for s in build_schedule(graph, released).steps if isinstance(s, Compute)]
     assert computed.count(1) == 2
+
+
+def test_greedy_prices_releasing_a_pinning_view_with_what_it_pinned():
+    """Released, the view ms pins m no more, and its chain runs the mean again (5 s for
+    4 B): releasing y (1 s for 10 B) is cheaper per byte. Priced as if m stayed pinned,
+    ms cost nothing, and on the CNN under Inductor a descent released every batch norm's
+    saved mean first, adding each norm's reduction for no memory."""
+    graph = _normalised()
+    keep = {2: Decision.KEEP, 3: Decision.KEEP}
+    _, trace = simulate_decisions(graph, keep, None)
+    assert {graph.storage_owner[v] for v in trace.live_at_peak} >= {1, 3}
+    groups = saved_storages(graph)
+    move = _cheapest_release(
+        graph, keep, trace, groups, set(), {}, NO_LINK, _cost_per_byte, read_pinned=True
+    )
+    assert move == (3, {3: Decision.RECOMPUTE})
 
 
 # --- keep_all and chen_sqrt ----------------------------------------------------------------

@@ -28,7 +28,8 @@ from memplan.planner.profile_cache import device_name
 
 # Its version goes up when the solvers plan differently for the same key, so that a plan
 # kept by an older memplan is made again (v2: recompute chains read what kept views pin;
-# v3: the solver's costs are in the key).
+# v3: the solver's costs are in the key, and greedy prices releasing a view that pins its
+# owner with the owner's chain).
 PLAN_DIR = "plans-v3"
 # Options that change how a plan is shown, not what it is.
 _NOT_IN_KEY = ("progress",)

@@ -280,11 +280,19 @@ def _cheapest_release(
         ),
         key=lambda o: (-graph[o].bytes, o),
     )[:_CANDIDATES_PER_ROUND]
+    candidates = frozenset(graph.saved_candidates)
     best: tuple[tuple[float, float], int, dict[int, Decision]] | None = None
     for owner in owners:
         kept = [v for v in groups[owner] if decisions.get(v) is Decision.KEEP]
         size = max(graph[owner].bytes, 1)
-        for cost, changes in release_options(graph, owner, kept, decision, window, options):
+        after = decision
+        if read_pinned and owner not in candidates:
+            # Its kept views pin `owner` (pinned_owners): released, they pin it no more,
+            # and their chain runs what computes it (a batch norm's reduction, for its
+            # saved mean) rather than reading it for free.
+            released = {**decisions, **dict.fromkeys(kept, Decision.RECOMPUTE)}
+            after = decider(graph, released, read_pinned=True)
+        for cost, changes in release_options(graph, owner, kept, after, window, options):
             score = order(cost, size)
             if best is None or score < best[0]:
                 best = (score, owner, changes)
