@@ -59,8 +59,8 @@ class Transfer(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         host = OFFLOAD(torch.sin(x))
-        landed = PREFETCH(host, x.device)
-        WAIT(landed)
+        landed = PREFETCH(host, x.device, [])
+        WAIT(landed, [])
         return landed * 2 + 1
 
 

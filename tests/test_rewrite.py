@@ -36,9 +36,9 @@ def forward(self, primals_1, primals_2):
 
 BACKWARD = """
 def forward(self, offload_tanh, primals_2, primals_1, tangents_1):
-    prefetch_tanh = torch.ops.memplan.prefetch.default(offload_tanh, device(type='cpu'));  offload_tanh = None
+    prefetch_tanh = torch.ops.memplan.prefetch.default(offload_tanh, device(type='cpu'), []);  offload_tanh = None
     expand = torch.ops.aten.expand.default(tangents_1, [2, 4]);  tangents_1 = None
-    wait_tanh = torch.ops.memplan.wait.default(prefetch_tanh);  wait_tanh = None
+    wait_tanh = torch.ops.memplan.wait.default(prefetch_tanh, []);  wait_tanh = None
     detach_1 = torch.ops.aten.detach.default(prefetch_tanh);  prefetch_tanh = None
     detach_2 = torch.ops.aten.detach.default(detach_1);  detach_1 = None
     tanh_backward = torch.ops.aten.tanh_backward.default(expand, detach_2);  expand = detach_2 = None

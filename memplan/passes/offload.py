@@ -10,12 +10,15 @@ and FX serialization treat them as ordinary ops:
   declared write orders every later read of `landed` after the wait, in inductor's
   scheduler as in the graph.
 
-`after` is read by neither: it is the value the planned backward computes just before the
-op, and reading it keeps the op where the plan put it. Without it, Inductor's reordering
-for peak memory moves every prefetch and wait to the start of the backward, where nothing
-but the host copy feeds them: its estimate counts the host copy the prefetch consumes as
-freed memory, so the move looks free, but on a GPU it lands every offloaded tensor on the
-device at once.
+`after` is read by neither: it is every storage the planned backward has made and not yet
+freed where the op stands, and reading them keeps the op after everything the plan runs
+before it (each earlier node made one of them or feeds one: what it made is either still
+live or read by a later node before the op). Without it, Inductor's reordering for peak
+memory moves every prefetch and wait to the start of the backward, where nothing but the
+host copy feeds them: its estimate counts the host copy the prefetch consumes as freed
+memory, so the move looks free, but on a GPU it lands every offloaded tensor on the device
+at once. With only the latest storage, it still ran a product the plan runs before a
+prefetch after it, where the two were independent: the copy landed one product early.
 
 Copies keep the tensor's strides, so that the backward reads the layout it was traced
 with. Where the device is the host (CPU) the copies still run, so the numerics are
@@ -23,6 +26,8 @@ tested, and the host copy is marked so that memory measurement does not count it
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -74,7 +79,7 @@ def _offload_fake(tensor: torch.Tensor) -> torch.Tensor:
 
 @torch.library.custom_op("memplan::prefetch", mutates_args=())
 def prefetch(
-    host: torch.Tensor, device: torch.device, after: torch.Tensor | None = None
+    host: torch.Tensor, device: torch.device, after: Sequence[torch.Tensor]
 ) -> torch.Tensor:
     """Start a host-to-device copy on the copy stream; `wait` before using the result.
     `after` only orders the call (the module's docstring)."""
@@ -95,13 +100,13 @@ def prefetch(
 
 @prefetch.register_fake
 def _prefetch_fake(
-    host: torch.Tensor, device: torch.device, after: torch.Tensor | None = None
+    host: torch.Tensor, device: torch.device, after: Sequence[torch.Tensor]
 ) -> torch.Tensor:
     return _empty_like_on(host, device, pinned=False)
 
 
 @torch.library.custom_op("memplan::wait", mutates_args=("landed",))
-def wait(landed: torch.Tensor, after: torch.Tensor | None = None) -> None:
+def wait(landed: torch.Tensor, after: Sequence[torch.Tensor]) -> None:
     """Make the current stream wait for the tensor's prefetch. `after` only orders the
     call (the module's docstring)."""
     done = _copy_done.pop(landed, None)
@@ -113,7 +118,7 @@ def wait(landed: torch.Tensor, after: torch.Tensor | None = None) -> None:
 
 
 @wait.register_fake
-def _wait_fake(landed: torch.Tensor, after: torch.Tensor | None = None) -> None:
+def _wait_fake(landed: torch.Tensor, after: Sequence[torch.Tensor]) -> None:
     return None
 
 

@@ -205,10 +205,9 @@ def _backward_graph(
     for node in graph:
         if node.kind is NodeKind.TANGENT:
             values[fx_nodes[node.id]] = _copy(bw, fx_nodes[node.id], values)
-    # The latest storage the backward made (not a view, which may be of an input): a
-    # transfer reads it so that Inductor keeps the transfer where the plan put it
-    # (offload.py).
-    latest: fx.Node | None = None
+    # The storages the backward has made and the plan has not freed: a transfer reads them
+    # so that Inductor keeps it after everything the plan runs before it (offload.py).
+    unfreed: dict[int, fx.Node] = {}
     for step in steps:
         joint_node = fx_nodes[step.node]
         if isinstance(step, Compute):
@@ -219,20 +218,22 @@ def _backward_graph(
             else:
                 values[joint_node] = _recompute(bw, joint_node, values)
             if graph[step.node].bytes and graph[step.node].alias_of is None:
-                latest = values[joint_node]
+                unfreed[step.node] = values[joint_node]
         elif isinstance(step, Prefetch):
             in_transit[step.node] = _call_op(
                 bw,
                 PREFETCH,
-                (in_transit[step.node], device, *_after(latest)),
+                (in_transit[step.node], device, list(unfreed.values())),
                 f"prefetch_{joint_node.name}",
             )
         elif isinstance(step, Wait):
             # The wait writes nothing but is declared to, which orders the reads after it.
             landed = in_transit[step.node]
-            _call_op(bw, WAIT, (landed, *_after(latest)), f"wait_{joint_node.name}")
+            _call_op(bw, WAIT, (landed, list(unfreed.values())), f"wait_{joint_node.name}")
             values[joint_node] = landed
-        elif not isinstance(step, Free):
+        elif isinstance(step, Free):
+            unfreed.pop(step.node, None)
+        else:
             raise ValueError(f"a {type(step).__name__} step cannot run in the backward")
     return bw, values
 
@@ -242,15 +243,11 @@ def _call_op(target: fx.Graph, op: OpOverload, args: tuple[Any, ...], name: str)
     gives for the inputs' values (what inductor and the measurement read)."""
     node = target.create_node("call_function", op, args, name=name)
     values = fx.map_arg(args, lambda n: n.meta.get("val"))
+    tensors = [v for v in pytree.tree_leaves(values) if not isinstance(v, torch.device)]
     # Fake inputs dispatch to the ops' fake implementations: nothing runs or allocates.
-    if all(isinstance(v, FakeTensor) for v in values if not isinstance(v, torch.device)):
+    if all(isinstance(v, FakeTensor) for v in tensors):
         node.meta["val"] = op(*values)
     return node
-
-
-def _after(latest: fx.Node | None) -> tuple[fx.Node, ...]:
-    """A transfer's ordering argument: none before the backward has made a storage."""
-    return () if latest is None else (latest,)
 
 
 def _copy(target: fx.Graph, node: fx.Node, values: dict[fx.Node, fx.Node]) -> fx.Node:
