@@ -11,8 +11,10 @@ Each model of the head-to-head (benchmarks/models.py, at its sizes) trains under
 
 Each run compiles afresh (Dynamo is reset) on a copy of the model; its first training
 step, compile included, is timed; then the allocator reads the peak of a steady step
-(memplan.tools.verify.steady_step_peak), the gradients are compared with eager's and the
-median step time of `--repeats` steps is taken. For memplan, the plans' predicted peaks
+(memplan.tools.verify.steady_step_peak), the gradients are compared with eager's and its
+step time is taken: eager's median times the median, over `--repeats` pairs, of the run's
+step over an eager step timed just before it (the machine's drift over a model's runs
+cancels). For memplan, the plans' predicted peaks
 are kept to compare with the allocator, and where the allocator's peak is above them (by
 over LISTED_ABOVE), what one more step held at its peak (memplan/planner/peak_contents.py).
 A run that raises is recorded as "error: ..." and the benchmark goes on. Writes
@@ -68,7 +70,7 @@ from memplan.backends import MemplanBackend
 from memplan.budget import Budget
 from memplan.errors import InfeasibleBudget, MemplanError, cause_of
 from memplan.files import write_json_atomically
-from memplan.planner.measure import median_step_seconds
+from memplan.planner.measure import paired_step_seconds
 from memplan.planner.peak_contents import live_at_peak
 from memplan.planner.plan_file import Plan
 from memplan.tools.compare import PYTORCH_BUDGETS
@@ -107,6 +109,10 @@ class CompiledRun(Run):
     # Where the measured peak is above the prediction: the largest groups of blocks live
     # at it, [bytes each, count, where allocated], read on one more step (peak_contents).
     at_peak: list[list[Any]] = field(default_factory=list)
+    # The median wall time of the run's own steps. step_seconds is drift-corrected: the
+    # median of each step's time over an eager step's timed just before it, times eager's
+    # step_seconds (Compiled._measure); eager's own run has the two equal.
+    raw_step_seconds: float | None = None
 
     @property
     def prediction_error(self) -> float | None:
@@ -167,9 +173,13 @@ class Compiled:
         self.bench = bench
         self.solver = solver
         self.time_limit = time_limit
+        self.eager_seconds = 0.0  # eager's median step, the unit of every run's time
 
     def eager(self) -> CompiledRun:
-        return CompiledRun(**asdict(self.bench.eager()))
+        run = self.bench.eager()
+        assert run.step_seconds is not None
+        self.eager_seconds = run.step_seconds
+        return CompiledRun(**asdict(run), raw_step_seconds=run.step_seconds)
 
     def pytorch(self, budget: float) -> CompiledRun:
         """torch.compile's default at activation_memory_budget `budget`. The patch holds
@@ -262,7 +272,7 @@ class Compiled:
                 peak = steady_step_peak(compiled, model, inputs)
                 error, match = compare_grads(model, self.bench.eager_grads)
                 step = training_step(compiled, inputs)
-                seconds = median_step_seconds(step, device=device, repeats=self.bench.repeats)
+                raw, ratio = self._paired_seconds(step)
                 held = []
                 if predicted is not None and peak > predicted() * (1 + LISTED_ABOVE):
                     for param in model.parameters():
@@ -276,13 +286,29 @@ class Compiled:
         return dataclasses.replace(
             run,
             measured_peak=peak,
-            step_seconds=seconds,
+            step_seconds=ratio * self.eager_seconds,
+            raw_step_seconds=raw,
             plan_seconds=first,
             grads_match=match,
             max_grad_error=error,
             graphs=compiled_graphs() - before,
             at_peak=[[g.nbytes, g.count, g.site] for g in held],
         )
+
+    def _paired_seconds(self, step: Callable[[], None]) -> tuple[float, float]:
+        """`step`'s median time, and its median over an eager step's timed just before
+        each of its steps (measure.paired_step_seconds): the machine's speed drifts over a
+        model's runs (on a shared 2-core CPU a plan timed minutes after another, planned
+        for more memory and predicted as fast, read 17% slower)."""
+        model = self.bench.model
+        eager = training_step(model, self.bench.inputs)
+        try:
+            return paired_step_seconds(
+                step, eager, device=self.bench.device, repeats=self.bench.repeats
+            )
+        finally:
+            for param in model.parameters():  # eager's gradients are kept elsewhere
+                param.grad = None
 
 
 def _with_plans(run: CompiledRun, plans: list[Plan]) -> CompiledRun:
@@ -436,6 +462,16 @@ def _dates(saved: dict[str, Any]) -> list[str]:
     return [f"The models were measured in different runs, of the code of that day: {taken}.", ""]
 
 
+def _unpaired(saved: dict[str, Any]) -> str:
+    """The clause naming the models whose runs predate paired timing, if any."""
+    older = [
+        name
+        for name, model in saved["models"].items()
+        if any("raw_step_seconds" not in run for run in model["runs"])
+    ]
+    return f"; {', '.join(older)}: the run's own median, as before" if older else ""
+
+
 def section_text(saved: dict[str, Any]) -> str:
     """The docs section (without its markers) from the saved JSON."""
     where = saved["machine"]
@@ -458,8 +494,12 @@ def section_text(saved: dict[str, Any]) -> str:
         f'{1 - LOWER_REQUIRED:.0%} of the least of those peaks ("{BELOW_LEAST}": the '
         "second target below, asked as a budget). Each run compiles afresh on a copy of "
         "the model. Peak: the allocator's, of a steady step "
-        "(`memplan.tools.verify.steady_step_peak`). Step time: the median of "
-        f"{saved['repeats']} steps after two warm-ups, in the same run. Compile time: the "
+        "(`memplan.tools.verify.steady_step_peak`). Step time: eager's median of "
+        f"{saved['repeats']} steps after two warm-ups; for every other run, that times the "
+        f"median over {saved['repeats']} pairs of its step's time over an eager step timed "
+        "just before it, so that the machine's drift over a model's runs cancels (the "
+        "run's own median is `raw_step_seconds` in the JSON"
+        f"{_unpaired(saved)}). Compile time: the "
         "first training step's wall time (Dynamo, AOTAutograd, memplan's tracing, "
         "profiling and solving, inductor's code generation, and the step itself; the least "
         "point adds the probe that finds its budget), with inductor's and memplan's "

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -13,6 +16,7 @@ from memplan.planner.measure import (
     mark_host,
     measure_peak,
     median_step_seconds,
+    paired_step_seconds,
 )
 
 CPU = torch.device("cpu")
@@ -158,6 +162,21 @@ def test_median_step_seconds_runs_warmup_and_repeats():
     seconds = median_step_seconds(lambda: calls.append(_matmuls()), device=CPU, repeats=3, warmup=2)
     assert len(calls) == 5
     assert seconds > 0
+
+
+def test_paired_step_seconds_is_the_steps_time_over_the_references():
+    calls: list[str] = []
+
+    def sleeper(name: str, seconds: float) -> Callable[[], None]:
+        return lambda: (calls.append(name), time.sleep(seconds))
+
+    seconds, ratio = paired_step_seconds(
+        sleeper("step", 0.02), sleeper("reference", 0.01), device=CPU, repeats=3, warmup=1
+    )
+    # Each pair runs the reference just before the step.
+    assert calls == ["reference", "step"] * 4
+    assert 0.02 <= seconds < 0.04
+    assert 1.4 < ratio < 2.6
 
 
 def test_the_allocator_skips_frees_of_blocks_from_before_the_step():

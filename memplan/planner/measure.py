@@ -169,6 +169,30 @@ def median_step_seconds(
     return statistics.median(_timed(step, device) for _ in range(repeats))
 
 
+def paired_step_seconds(
+    step: Callable[[], object],
+    reference: Callable[[], object],
+    *,
+    device: torch.device,
+    repeats: int = 5,
+    warmup: int = 2,
+) -> tuple[float, float]:
+    """`step()`'s median wall time, and the median of its time over `reference()`'s, each
+    pair timed back to back, after `warmup` unrecorded pairs. On a shared machine whose
+    speed drifts over a long benchmark, the ratio compares steps timed minutes apart: the
+    drift slows both of a pair alike."""
+    device = torch.device(device)
+    for _ in range(warmup):
+        reference()
+        step()
+    seconds, ratios = [], []
+    for _ in range(repeats):
+        before = _timed(reference, device)
+        seconds.append(_timed(step, device))
+        ratios.append(seconds[-1] / before)
+    return statistics.median(seconds), statistics.median(ratios)
+
+
 def _measure_cuda(
     step: Callable[[], object], resident: Sequence[torch.Tensor], device: torch.device
 ) -> tuple[int, float]:
