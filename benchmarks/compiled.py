@@ -469,7 +469,11 @@ def _unpaired(saved: dict[str, Any]) -> str:
         for name, model in saved["models"].items()
         if any("raw_step_seconds" not in run for run in model["runs"])
     ]
-    return f"; {', '.join(older)}: the run's own median, as before" if older else ""
+    if not older:
+        return ""
+    if len(older) == len(saved["models"]):
+        return "; every run here predates the pairing: its time is its own median"
+    return f"; {', '.join(older)}: measured before the pairing, each run's own median"
 
 
 def section_text(saved: dict[str, Any]) -> str:
