@@ -173,7 +173,7 @@ class Compiled:
         self.bench = bench
         self.solver = solver
         self.time_limit = time_limit
-        self.eager_seconds = 0.0  # eager's median step, the unit of every run's time
+        self.eager_seconds: float | None = None  # eager's median step, set by eager()
 
     def eager(self) -> CompiledRun:
         run = self.bench.eager()
@@ -286,7 +286,7 @@ class Compiled:
         return dataclasses.replace(
             run,
             measured_peak=peak,
-            step_seconds=ratio * self.eager_seconds,
+            step_seconds=ratio * self._eager_seconds(),
             raw_step_seconds=raw,
             plan_seconds=first,
             grads_match=match,
@@ -294,6 +294,12 @@ class Compiled:
             graphs=compiled_graphs() - before,
             at_peak=[[g.nbytes, g.count, g.site] for g in held],
         )
+
+    def _eager_seconds(self) -> float:
+        """Eager's median step, the unit of every run's time: eager() runs first."""
+        if self.eager_seconds is None:
+            raise MemplanError("a run was timed before eager's, the unit of its time")
+        return self.eager_seconds
 
     def _paired_seconds(self, step: Callable[[], None]) -> tuple[float, float]:
         """`step`'s median time, and its median over an eager step's timed just before
