@@ -23,7 +23,6 @@ from typing import NamedTuple
 
 from memplan.errors import InvalidSchedule
 from memplan.graph import Decision, Graph, SolveResult
-from memplan.simulate import MemoryTrace
 from memplan.solvers import SolverOptions, require_problem
 from memplan.solvers.baselines import sqrt_decisions
 from memplan.solvers.repeats import classes
@@ -80,17 +79,18 @@ def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResu
     if options.bandwidth and budget is not None:
         ways.append(dataclasses.replace(options, bandwidth=None))
 
+    simulations = _Simulations(graph)
     runs: list[_Run] = []
     for way in ways:
         made = [
-            _descend(graph, s, target, deadline, way, o, twins, pins)
+            _descend(graph, simulations, s, target, deadline, way, o, twins, pins)
             for o in orders
             for s in starts
             for pins in PINNED_ESTIMATES
         ]
         if budget is not None and all(r.least.peak > budget for r in made):
             made += [
-                _descend(graph, s, target, deadline, way, _largest_first, twins, pins)
+                _descend(graph, simulations, s, target, deadline, way, _largest_first, twins, pins)
                 for s in starts
                 for pins in PINNED_ESTIMATES
             ]
@@ -116,6 +116,40 @@ def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResu
     )
 
 
+class _Simulated(NamedTuple):
+    """What a descent reads of a simulation."""
+
+    time: float
+    peak: int
+    live_at_peak: frozenset[int]
+
+
+class _Simulations:
+    """The simulations of one solve, each distinct set of decisions run once: descents
+    from other starts, orders and estimates pass through many of the same states (about
+    two in five of a solve's simulations, on the zoo's ResNet). Only what a descent reads
+    is kept, so that a solve's memory grows by a few hundred node ids per state."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.seen: dict[tuple[float | None, frozenset], _Simulated | InvalidSchedule] = {}
+
+    def __call__(self, decisions: dict[int, Decision], bandwidth: float | None) -> _Simulated:
+        """The simulation of `decisions`; raises InvalidSchedule where they make none."""
+        key = (bandwidth, frozenset(decisions.items()))
+        found = self.seen.get(key)
+        if found is None:
+            try:
+                _, trace = simulate_decisions(self.graph, decisions, bandwidth)
+                found = _Simulated(trace.time, trace.peak, trace.live_at_peak)
+            except InvalidSchedule as invalid:
+                found = invalid
+            self.seen[key] = found
+        if isinstance(found, InvalidSchedule):
+            raise found.with_traceback(None)  # not the traceback of every raise before
+        return found
+
+
 class _State(NamedTuple):
     """A set of decisions a descent passed through, with its simulated time and peak."""
 
@@ -138,6 +172,7 @@ class _Run:
 
 def _descend(
     graph: Graph,
+    simulate: _Simulations,
     start: dict[int, Decision],
     target: int,
     deadline: float,
@@ -151,7 +186,7 @@ def _descend(
     groups = saved_storages(graph)
     window = hiding_windows(graph) if options.bandwidth else {}
     decisions = dict(start)
-    _, trace = simulate_decisions(graph, decisions, options.bandwidth)
+    trace = simulate(decisions, options.bandwidth)
     run = _Run([_State(trace.time, trace.peak, dict(decisions))], timed_out=False)
     tried: set[int] = set()
     while trace.peak > target:
@@ -170,7 +205,7 @@ def _descend(
             graph, owner, changes, twins, groups, decisions, trace, gap, read_pinned
         )
         tries = [{**changes, **alike}, changes] if alike else [changes]
-        found = _first_accepted(graph, decisions, tries, trace.peak, options)
+        found = _first_accepted(simulate, decisions, tries, trace.peak, options)
         if found is not None:
             decisions, trace = found
             run.states.append(_State(trace.time, trace.peak, dict(decisions)))
@@ -180,18 +215,18 @@ def _descend(
 
 
 def _first_accepted(
-    graph: Graph,
+    simulate: _Simulations,
     decisions: dict[int, Decision],
     tries: list[dict[int, Decision]],
     peak: int,
     options: SolverOptions,
-) -> tuple[dict[int, Decision], MemoryTrace] | None:
+) -> tuple[dict[int, Decision], _Simulated] | None:
     """The first of `tries` (changes to `decisions`) that makes a valid schedule peaking
     at most at `peak`, with its trace; None where none does."""
     for changes in tries:
         proposal = {**decisions, **changes}
         try:
-            _, trace = simulate_decisions(graph, proposal, options.bandwidth)
+            trace = simulate(proposal, options.bandwidth)
         except InvalidSchedule:
             continue
         if trace.peak <= peak:
@@ -206,7 +241,7 @@ def _alike_releases(
     twins: dict[int, list[int]],
     groups: dict[int, list[int]],
     decisions: dict[int, Decision],
-    trace: MemoryTrace,
+    trace: _Simulated,
     gap: int,
     read_pinned: bool,
 ) -> dict[int, Decision]:
@@ -258,7 +293,7 @@ def hiding_windows(graph: Graph) -> dict[int, float]:
 def _cheapest_release(
     graph: Graph,
     decisions: dict[int, Decision],
-    trace: MemoryTrace,
+    trace: _Simulated,
     groups: dict[int, list[int]],
     tried: set[int],
     window: dict[int, float],
