@@ -4,7 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 export HF_HUB_OFFLINE := 1
 
-.PHONY: demo test lint bench clean
+# Test workers: one per core, at most 8. Each test process reads its own allocator, so
+# workers do not disturb one another's peaks; tests assert no times.
+TEST_WORKERS ?= auto
+PYTEST := $(BIN)/python -m pytest -q -p no:logging -n $(TEST_WORKERS) --maxprocesses 8 --dist worksteal
+
+.PHONY: demo test test-slow lint bench clean
 
 $(BIN)/memplan: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,13 +23,17 @@ demo: $(BIN)/memplan
 	$(BIN)/python -m benchmarks.demo
 
 test: $(BIN)/memplan
-	$(BIN)/python -m pytest -q -p no:logging
+	$(PYTEST)
+
+# The tests marked slow (long end-to-end runs, excluded from `make test`); `make bench` runs them.
+test-slow: $(BIN)/memplan
+	$(PYTEST) -m slow
 
 lint: $(BIN)/memplan
 	$(BIN)/ruff check memplan tests benchmarks
 	$(BIN)/ruff format --check memplan tests benchmarks
 
-bench: $(BIN)/memplan
+bench: test-slow
 	$(BIN)/python -m benchmarks.sweep
 	$(BIN)/python -m benchmarks.bounds
 	$(BIN)/python -m benchmarks.compiled

@@ -70,11 +70,18 @@ def least_budget(example: Example) -> int:
     return info.value.smallest_feasible
 
 
-# ResNet-50 takes over two minutes here: it runs with the slow tests and in the benchmarks
-# (benchmarks.models, benchmarks.inductor_peaks), which measure it at every budget.
-@pytest.mark.parametrize(
-    "name", [pytest.param(m, marks=pytest.mark.slow) if m == "resnet50" else m for m in MODELS]
-)
+# The default run keeps one model of each kind (MLP, CNN, ResNet, GPT-2); the others take
+# 20-45 s each here, ResNet-50 over two minutes: they run with the slow tests (`make bench`
+# runs those) and in the benchmarks (benchmarks.models, benchmarks.inductor_peaks).
+DEFAULT_MODELS = ("mlp", "cnn", "resnet", "gpt2")
+
+
+def default_or_slow(names: list[str], default: tuple[str, ...] = DEFAULT_MODELS) -> list[object]:
+    """`names` as parameters, those outside `default` marked slow."""
+    return [n if n in default else pytest.param(n, marks=pytest.mark.slow) for n in names]
+
+
+@pytest.mark.parametrize("name", default_or_slow(MODELS))
 def test_the_budget_holds_by_the_allocator(name: str) -> None:
     example = example_of(name)
     expected = eager_grads(example)
@@ -143,10 +150,12 @@ SOLVER_BUDGETS = [
 
 
 SOLVER_MODELS = ["mlp", "cnn", "gpt2", "bert", "vit", "resnet"]
+# The CNN's five take a minute here (the director's 35 s): ResNet has its convolutions.
+SOLVER_DEFAULT_MODELS = ("mlp", "gpt2", "resnet")
 
 
 @pytest.mark.parametrize(("solver", "budget"), SOLVER_BUDGETS)
-@pytest.mark.parametrize("name", SOLVER_MODELS)
+@pytest.mark.parametrize("name", default_or_slow(SOLVER_MODELS, SOLVER_DEFAULT_MODELS))
 def test_every_solver_trains_the_models_within_its_budget(
     name: str, solver: str, budget: str
 ) -> None:
@@ -190,7 +199,7 @@ def test_offload_on_cpu_keeps_numerics_and_moves_bytes_to_host() -> None:
     assert tracked <= planned.plan.predicted_peak <= measured
 
 
-@pytest.mark.parametrize("name", ["mlp", "cnn", "gpt2", "convnext"])
+@pytest.mark.parametrize("name", default_or_slow(["mlp", "cnn", "gpt2", "convnext"]))
 def test_torch_compile_runs_the_same_plan_as_the_api(name: str) -> None:
     """Through torch.compile the same plans come out and use memory exactly as through
     the API: the allocator reads the compiled step at the API step's peak, within the
@@ -218,7 +227,7 @@ def test_torch_compile_runs_the_same_plan_as_the_api(name: str) -> None:
 
 
 def test_torch_compile_finds_the_backend_by_name() -> None:
-    example = ZOO["bert"](batch=4, seq=32, layers=2, width=32)  # small: the name is tested
+    example = ZOO["mlp"](batch=256)  # small: the name and the options are tested
     expected = eager_grads(example)
     torch._dynamo.reset()
     by_name = copy.deepcopy(example.model)
