@@ -252,8 +252,8 @@ class MemplanBackend:
         if plan.peak > target and rounds[0][1].status != "best-effort":
             warnings.warn(
                 f"{plan.name}: as Inductor compiled it, the graph peaks at "
-                f"{format_bytes(plan.peak)}, above its budget of {format_bytes(target)} "
-                f"after {len(rounds)} plans",
+                f"{format_bytes(plan.peak)}, {format_bytes(plan.peak - target)} above its "
+                f"budget of {format_bytes(target)} after {len(rounds)} plans",
                 MemplanWarning,
                 stacklevel=3,
             )

@@ -29,6 +29,7 @@ from memplan.planner.plan_cache import plan_key
 from memplan.planner.plan_file import Plan
 from memplan.tools.verify import steady_step_peak
 from memplan.tools.zoo import ZOO, Example
+from memplan.units import format_bytes
 
 # Bytes: far under any model's least peak, so that the backend plans for its least.
 LEAST = 1024
@@ -580,6 +581,27 @@ def test_where_no_round_holds_the_budget_the_least_memory_plan_is_tried_last(
     aims = [aim for aim, _ in plan.options["compiled_rounds"]]
     assert aims[-1] <= memplan_backends.LEAST_AIM and len(aims) > 1
     assert plan.peak == plan.compiled_peak <= plan.budget
+
+
+def test_a_graph_no_round_holds_is_named_with_how_far_over_its_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where every round, the least-memory plan's too, peaks over the budget as Inductor
+    compiles it, the warning names the peak and how far it is over: a peak a few KiB over
+    would otherwise print as the budget itself."""
+
+    first: list[int] = []  # the budget of the first plan checked: the graph's
+
+    def measured(plan: Plan, *_: object) -> int:
+        first.append(plan.budget)
+        return max(first[0], plan.predicted_peak) + 5000
+
+    monkeypatch.setattr(memplan_backends, "compiled_peak", measured)
+    over = r"graph0[.\d]*: as Inductor compiled it, the graph peaks at [^,]+, ([\d.]+ \w+) above"
+    with pytest.warns(MemplanWarning, match=over) as warned:
+        plan = _the_plan_trained(ZOO["mlp"](batch=512), "70%")
+    (excess,) = {m.group(1) for w in warned if (m := re.search(over, str(w.message)))}
+    assert plan.peak > plan.budget and excess == format_bytes(plan.peak - plan.budget)
 
 
 def test_the_least_memory_plan_is_tried_with_layout_optimization_the_rounds_left(
