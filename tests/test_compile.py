@@ -158,12 +158,13 @@ def _products_before_prefetches(code: str) -> dict[str, int]:
     return before
 
 
-# Each model's graphs are compiled about ten times (the rounds at each budget): few
-# blocks keep that quick, and every kind of layer is still there.
+# Each model's graphs are compiled about ten times (the rounds at each budget): two
+# layers keep GPT-2 quick. ResNet keeps the zoo's size: with one block per stage, 70% lies
+# within a few percent of its least as Inductor compiles it, and some profiles put it over.
 INDUCTOR_EXAMPLES = {
     "mlp": lambda: example_of("mlp"),
     "gpt2": lambda: ZOO["gpt2"](layers=2),
-    "resnet": lambda: ZOO["resnet"](batch=32, depths=(1, 1, 1)),
+    "resnet": lambda: example_of("resnet"),
 }
 
 
