@@ -5,7 +5,7 @@ Each model of the head-to-head (benchmarks/models.py, at its sizes) trains under
 - `torch.compile(model)` (inductor, the default backend) at each
   `torch._functorch.config.activation_memory_budget` of PYTORCH_BUDGETS (1.0 to 0.0);
 - `torch.compile(model, backend=memplan.backend(budget=..., inner="inductor"))` at 90%, 70%
-  and 50% of each graph's unplanned peak, at its least feasible budget, at each of
+  and 50% of the step's unplanned peak, at its least feasible budget, at each of
   torch.compile's measured peaks as an absolute budget ("matched <budget>"), and at
   LOWER_REQUIRED below the least of them (the second target's question, asked directly).
 
@@ -497,7 +497,7 @@ def section_text(saved: dict[str, Any]) -> str:
         "The path users take: `torch.compile(model)` (inductor) at each "
         '`torch._functorch.config.activation_memory_budget` ("pytorch 0.8"), against '
         "`torch.compile(model, backend=memplan.backend(budget=..., "
-        f'solver="{saved["solver"]}", inner="inductor"))` at a share of each graph\'s '
+        f'solver="{saved["solver"]}", inner="inductor"))` at a share of the step\'s '
         "unplanned peak, at its least feasible budget (the least peak a 1-byte budget "
         "reports, then planned for), at each of torch.compile's measured peaks as an "
         'absolute budget ("matched 0.8"), and at '

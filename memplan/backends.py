@@ -16,10 +16,13 @@ planned again for those sizes (`ShapeDispatch`), up to MAX_SHAPE_PLANS per graph
 
 Under Inductor, a plan's peak is checked as Inductor compiled it (planner/compiled_peak.py):
 where Inductor's kernels hold more than the planned graphs, the graph is planned again at a
-budget lowered by the excess, and where fusion leaves room, at one raised by it (up to
-INDUCTOR_ROUNDS times); `Plan.compiled_peak` is the prediction of what runs. A graph with
-convolutions that Inductor's layout optimization takes over its budget is compiled
-without it as well, and the lower of the two kept.
+budget lowered by the excess, and where fusion leaves room over COMPILED_SLACK of the
+budget, at one raised by it (up to INDUCTOR_ROUNDS times; a graph planned best effort is
+not planned again). Where no round holds the budget, the least-memory plan (LEAST_AIM) is
+compiled as well. `Plan.compiled_peak` is the prediction of what runs. A graph with
+convolutions that Inductor's layout optimization takes over its budget (planned best
+effort: over its unfused prediction) is compiled without it as well, and the lower of the
+two kept; a graph whose check cannot run with it is compiled without it.
 
 Plans are kept on disk by the graph's structure (planner/plan_cache.py): compiling the
 same model with the same budget again, in this process or the next, applies the plan
@@ -58,7 +61,8 @@ INNER_COMPILERS = ("inductor", "eager")
 # trace, a profile and a compile; past the bound, calls run the plan made at the hints.
 MAX_SHAPE_PLANS = 8
 # Per graph: how many times it may be planned again, at a budget moved by what Inductor's
-# compiled graphs peaked above (or below) the budget.
+# compiled graphs peaked above (or below) the budget; the least-memory plan, tried where
+# none holds the budget, comes on top.
 INDUCTOR_ROUNDS = 3
 LEAST_AIM = 1  # bytes: a budget under every graph's least, planned best effort for it
 # Inductor's fusion can leave a plan well under its budget: where the room left is over
