@@ -18,10 +18,12 @@ cancels). For memplan, the plans' predicted peaks
 are kept to compare with the allocator, and where the allocator's peak is above them (by
 over LISTED_ABOVE), what one more step held at its peak (memplan/planner/peak_contents.py).
 A run that raises is recorded as "error: ..." and the benchmark goes on. Writes
-benchmarks/results/compiled-<device>.json, one plot per model
-(docs/img/compiled_<model>_<device>.png) and that device's section of docs/results.md
-(between `markers(device)`; `compiled_section` gives the same text to benchmarks.models'
-results_markdown). The models train on CUDA where it is available (`--device`).
+benchmarks/results/compiled-<device>.json after each run (a model's earlier complete runs
+stay there until its new ones are complete; a stopped run's are kept beside them), one
+plot per model (docs/img/compiled_<model>_<device>.png) and that device's section of
+docs/results.md (between `markers(device)`; `compiled_section` gives the same text to
+benchmarks.models' results_markdown). The models train on CUDA where it is available
+(`--device`).
 Run: `python -m benchmarks.compiled [--help]`; a smoke run (its figures are no results):
 `python -m benchmarks.compiled --models cnn --sizes small --budgets 1.0 0.0 --shares 50%
 --out /tmp/smoke`.
@@ -537,11 +539,31 @@ def section_text(saved: dict[str, Any]) -> str:
         runs = [CompiledRun(**r) for r in found["runs"]]
         sizes = ", ".join(f"{k} {v}" for k, v in found["sizes"].items())
         lines += [f"### {model} under torch.compile", "", f"Sizes: {sizes}.", ""]
+        lines += _stopped(found)
         lines += [*model_targets(runs), ""]  # type: ignore[arg-type]
         image = image_name(model, where["device"])
         lines += [f"![{model} under torch.compile](img/{image})", ""]
         lines += table(runs)
     return "\n".join(lines) + "\n"
+
+
+def _stopped(found: dict[str, Any]) -> list[str]:
+    """A line where a model's runs were stopped before the end (main's while_running)."""
+    if not found.get("complete", True):
+        return [f"Incomplete: the benchmark was stopped after {_count(found['runs'])}.", ""]
+    if "unfinished" in found:
+        later = found["unfinished"]
+        return [
+            f"A later run ({later['date']}) was stopped after {_count(later['runs'])}; "
+            "they are kept in the JSON under `unfinished`, not shown here.",
+            "",
+        ]
+    return []
+
+
+def _count(runs: list[Any]) -> str:
+    """A count of runs in words: "1 run", "2 runs"."""
+    return f"{len(runs)} run{'' if len(runs) == 1 else 's'}"
 
 
 def table(runs: list[CompiledRun]) -> list[str]:
@@ -702,21 +724,47 @@ def main(argv: list[str] | None = None) -> None:
     with Progress(console=console) as progress:
         task = progress.add_task("compiling", total=runs_per_model(args) * len(args.models))
         for name in args.models:
+            earlier = saved["models"].get(name)
 
-            def advance(runs: list[CompiledRun], count: int, name: str = name) -> None:
+            def advance(
+                runs: list[CompiledRun],
+                count: int,
+                name: str = name,
+                earlier: dict[str, Any] | None = earlier,
+            ) -> None:
                 progress.update(task, advance=count, description=f"{name}: {runs[-1].label}")
-                saved["models"][name] = {
-                    "date": where["date"],
-                    "sizes": sizes_of(name, args.sizes),
-                    "runs": [asdict(r) for r in runs],
-                }
-                saved["models"] = {m: saved["models"][m] for m in SIZES if m in saved["models"]}
-                # After each run: a run cut off by a time limit or a crash keeps what it took.
-                write_json_atomically(path, saved)
+                # After each run: a run cut off by a time limit or a crash keeps what it
+                # took, without losing the model's earlier complete runs.
+                entry = model_entry(runs, where["date"], sizes_of(name, args.sizes))
+                _record(saved, name, while_running(entry, earlier), path)
 
-            bench_model(name, args.sizes, args, advance)
+            runs = bench_model(name, args.sizes, args, advance)
+            _record(saved, name, model_entry(runs, where["date"], sizes_of(name, args.sizes)), path)
     write_report(saved, outputs)
     console.print(f"wrote {path}, {outputs.page} and compiled_*_{args.device}.png")
+
+
+def model_entry(runs: list[CompiledRun], date: str, sizes: dict[str, int]) -> dict[str, Any]:
+    """One model's entry in the JSON: the day its runs were taken, its sizes and its runs."""
+    return {"date": date, "sizes": sizes, "runs": [asdict(r) for r in runs]}
+
+
+def while_running(entry: dict[str, Any], earlier: dict[str, Any] | None) -> dict[str, Any]:
+    """What the JSON holds for a model whose runs are under way (`entry`, so far): where an
+    earlier run left a complete entry, that entry, with these runs beside it as
+    "unfinished" (replaced by them once they are complete, kept if they are stopped); else
+    these runs, marked incomplete."""
+    if earlier is None or not earlier.get("complete", True):
+        return {**entry, "complete": False}
+    kept = {k: v for k, v in earlier.items() if k != "unfinished"}
+    return {**kept, "unfinished": entry}
+
+
+def _record(saved: dict[str, Any], name: str, entry: dict[str, Any], path: Path) -> None:
+    """Sets one model's entry (models in SIZES' order) and writes the JSON."""
+    saved["models"][name] = entry
+    saved["models"] = {m: saved["models"][m] for m in SIZES if m in saved["models"]}
+    write_json_atomically(path, saved)
 
 
 def _budget(text: str) -> str:

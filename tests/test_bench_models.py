@@ -84,3 +84,33 @@ def test_a_compiled_run_above_its_prediction_lists_what_its_peak_held():
         "- memplan greedy 70%, measured above its prediction, held at its peak: "
         "3 x 1.00 MiB by `aten::mm`; 2 x 4.00 KiB by `aten::empty_strided < aten::gelu`"
     ]
+
+
+def test_a_stopped_compiled_run_keeps_the_model_s_earlier_complete_runs():
+    """benchmarks.compiled writes its JSON after each run; a model's earlier complete runs
+    stay on the page until its new runs are complete, and a stopped run's are kept apart."""
+    from dataclasses import asdict
+
+    from benchmarks.compiled import CompiledRun, model_entry, section_text, while_running
+
+    def compiled(r: Run) -> CompiledRun:
+        return CompiledRun(**{**asdict(r), "max_grad_error": 0.0})
+
+    sizes = {"batch": 4}
+    earlier = model_entry([compiled(EAGER), *map(compiled, PYTORCH)], "2026-11-26", sizes)
+    partial = model_entry([compiled(run("eager", "", 90, 95))], "2026-11-27", sizes)
+
+    kept = while_running(partial, earlier)
+    assert kept["runs"] == earlier["runs"] and kept["unfinished"] == partial
+    again = while_running(partial, kept)  # a second stopped run replaces the first's
+    assert again["runs"] == earlier["runs"] and again["unfinished"] == partial
+    alone = while_running(partial, None)
+    assert alone["runs"] == partial["runs"] and alone["complete"] is False
+    assert while_running(partial, alone) == alone  # an incomplete entry is not kept
+
+    where = {"device": "cpu", "device_name": "x86_64", "cpu_threads": 2, "torch": "2.13.0"}
+    saved = {"machine": {**where, "date": "2026-11-27"}, "sizes": "bench", "solver": "greedy"}
+    page = section_text({**saved, "repeats": 5, "models": {"a": kept, "b": alone}})
+    assert "A later run (2026-11-27) was stopped after 1 run;" in page
+    assert "Incomplete: the benchmark was stopped after 1 run." in page
+    assert section_text({**saved, "repeats": 5, "models": {"a": earlier}}).count("stopped") == 0
