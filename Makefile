@@ -31,7 +31,7 @@ test-slow: $(BIN)/memplan
 
 lint: $(BIN)/memplan
 	$(BIN)/ruff check memplan tests benchmarks
-	$(BIN)/ruff format --check memplan tests benchmarks
+	$(BIN)/ruff format --check memplan tests benchmarks README.md docs
 
 bench: test-slow
 	$(BIN)/python -m benchmarks.sweep
