@@ -5,12 +5,26 @@ import os
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+CACHE_MADE = pytest.StashKey[str]()
 
 
 def pytest_configure(config) -> None:
+    """A profile and plan cache of the run's own, unless one is given: set before xdist
+    starts its workers, so that they share it."""
     import tempfile
 
-    os.environ.setdefault("MEMPLAN_CACHE_DIR", tempfile.mkdtemp(prefix="memplan-cache-"))
+    if "MEMPLAN_CACHE_DIR" not in os.environ:
+        config.stash[CACHE_MADE] = tempfile.mkdtemp(prefix="memplan-cache-")
+        os.environ["MEMPLAN_CACHE_DIR"] = config.stash[CACHE_MADE]
+
+
+def pytest_unconfigure(config) -> None:
+    """Removes the cache this process made (the workers made none)."""
+    import shutil
+
+    made = config.stash.get(CACHE_MADE, None)
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
 
 
 @pytest.fixture
