@@ -67,7 +67,7 @@ from benchmarks.models import (
     model_targets,
     pytorch_label,
 )
-from benchmarks.pages import saved_section, write_section
+from benchmarks.pages import measured_on, saved_section, write_section
 from memplan.backends import MemplanBackend
 from memplan.budget import Budget
 from memplan.errors import InfeasibleBudget, MemplanError, cause_of
@@ -463,11 +463,9 @@ def plot(runs: list[CompiledRun], path: Path) -> None:
 
 def _dates(saved: dict[str, Any]) -> list[str]:
     """A line naming the run of each model, where the models come from more than one."""
-    dates = {name: m.get("date", saved["machine"]["date"]) for name, m in saved["models"].items()}
-    if len(set(dates.values())) <= 1:
-        return []
-    taken = ", ".join(f"{name} {date}" for name, date in dates.items())
-    return [f"The models were measured in different runs, of the code of that day: {taken}.", ""]
+    return measured_on(
+        {name: m.get("date", saved["machine"]["date"]) for name, m in saved["models"].items()}
+    )
 
 
 def _unpaired(saved: dict[str, Any]) -> str:

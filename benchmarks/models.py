@@ -12,8 +12,10 @@ Every method is measured the same way: the allocator's peak for one step (on CPU
 profiler's allocation events, on a GPU max_memory_allocated; the eager peak includes
 parameters, inputs, gradients, activations and kernels' own buffers), the median step time
 of `--repeats` steps after two warm-up steps, the planning (or compile) time, and the
-gradients against eager's. Writes benchmarks/results/models-<device>.json (models merge
-into earlier results), one Pareto plot per model under docs/img/ and docs/results.md.
+gradients against eager's. Writes benchmarks/results/models-<device>.json after each
+model (models merge into earlier results: a model's earlier runs are replaced once its new
+ones are complete, and each model keeps the day it was measured), one Pareto plot per model
+under docs/img/ and docs/results.md.
 Run: `python -m benchmarks.models [--help]`.
 """
 
@@ -40,6 +42,7 @@ from rich.progress import Progress
 from torch import nn
 
 import memplan
+from benchmarks.pages import measured_on
 from memplan.errors import InfeasibleBudget, MemplanError
 from memplan.planner.measure import measure_peak, median_step_seconds
 from memplan.tools.compare import PYTORCH_BUDGETS, checkpoint_blocks, pytorch_partitioned
@@ -414,8 +417,9 @@ def _front(runs: list[Run]) -> list[Run]:
     return front
 
 
-def results_markdown(runs: list[Run], where: dict[str, Any]) -> str:
-    """docs/results.md: per model, the targets, the Pareto plot and the table."""
+def results_markdown(runs: list[Run], where: dict[str, Any], dates: dict[str, str]) -> str:
+    """docs/results.md: per model, the targets, the Pareto plot and the table; `dates`,
+    the day each model was measured."""
     lines = [
         "# Results: memplan against PyTorch's own memory planning",
         "",
@@ -425,6 +429,7 @@ def results_markdown(runs: list[Run], where: dict[str, Any]) -> str:
         f"Machine: {where['device_name']} ({where['device']}), {where['cpu_threads']} CPU "
         f"threads, torch {where['torch']}, {where['date']}.",
         "",
+        *measured_on(dates),
         "Methods: eager; `torch.utils.checkpoint` around every block; PyTorch's min-cut "
         'partitioner (what `torch.compile(backend="aot_eager_decomp_partition")` runs) at '
         "each `activation_memory_budget`; memplan with each solver at a share of the eager "
@@ -449,7 +454,7 @@ def results_markdown(runs: list[Run], where: dict[str, Any]) -> str:
 
     lines += sweep_section(where) + compiled_section() + training_loop_section(where)
     lines += inductor_peaks_section(where)
-    for model in dict.fromkeys(r.model for r in runs):
+    for model in _models(runs):
         rows = [r for r in runs if r.model == model]
         eager = rows[0]
         lines += [f"## {model}", "", *model_targets(rows), ""]
@@ -514,10 +519,23 @@ def _row(r: Run, eager: Run) -> str:
     )
 
 
-def write_report(runs: list[Run], where: dict[str, Any]) -> None:
-    for model in dict.fromkeys(r.model for r in runs):
+def write_report(runs: list[Run], where: dict[str, Any], dates: dict[str, str]) -> None:
+    """The Pareto plots and docs/results.md."""
+    for model in _models(runs):
         plot_pareto([r for r in runs if r.model == model], DOCS / "img" / f"pareto_{model}.png")
-    (DOCS / "results.md").write_text(results_markdown(runs, where))
+    (DOCS / "results.md").write_text(results_markdown(runs, where, dates))
+
+
+def _models(runs: list[Run]) -> list[str]:
+    """The models of `runs`, in their order."""
+    return list(dict.fromkeys(r.model for r in runs))
+
+
+def model_dates(saved: dict[str, Any], runs: list[Run]) -> dict[str, str]:
+    """The day each model of the saved JSON was measured (a JSON from before the models
+    were dated: its machine's date for all)."""
+    machine_date = saved.get("machine", {}).get("date", "")
+    return {m: saved.get("dates", {}).get(m, machine_date) for m in _models(runs)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -536,12 +554,12 @@ def main(argv: list[str] | None = None) -> None:
     where = machine()
     out = RESULTS / f"models-{where['device']}.json"
     saved = json.loads(out.read_text()) if out.exists() else {"runs": []}
-    kept = [Run(**r) for r in saved["runs"] if "setting" in r]  # older formats are dropped
+    runs = [Run(**r) for r in saved["runs"] if "setting" in r]  # older formats are dropped
+    dates = model_dates(saved, runs)
     if args.report_only:
-        write_report(kept, saved.get("machine", where))
+        write_report(runs, saved.get("machine", where), dates)
         return
     per_model = len(list(settings(tuple(args.solvers)))) + len(PYTORCH_BUDGETS)
-    runs = [r for r in kept if r.model not in args.models]
     warnings.filterwarnings("ignore", category=UserWarning)
     with Progress(console=console) as progress:
         task = progress.add_task("benchmarking", total=per_model * len(args.models))
@@ -550,12 +568,18 @@ def main(argv: list[str] | None = None) -> None:
             def advance(label: str, name: str = name) -> None:
                 progress.update(task, advance=1, description=f"{name}: {label}")
 
-            runs += bench_model(name, tuple(args.solvers), args.repeats, args.time_limit, advance)
+            fresh = bench_model(name, tuple(args.solvers), args.repeats, args.time_limit, advance)
+            # A model's earlier runs are replaced only once its new ones are complete: a
+            # run stopped part way keeps every model it had not finished.
+            runs = [r for r in runs if r.model != name] + fresh
             order = {m: i for i, m in enumerate(SIZES)}
             runs.sort(key=lambda r: order.get(r.model, math.inf))
+            dates = {m: where["date"] if m == name else dates[m] for m in _models(runs)}
             RESULTS.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps({"machine": where, "runs": [asdict(r) for r in runs]}))
-    write_report(runs, where)
+            out.write_text(
+                json.dumps({"machine": where, "dates": dates, "runs": [asdict(r) for r in runs]})
+            )
+    write_report(runs, where, dates)
     console.print(f"wrote {out} and {DOCS / 'results.md'}")
 
 

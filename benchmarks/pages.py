@@ -30,3 +30,13 @@ def saved_section(
     if not path.exists():
         return []
     return [start, *text(json.loads(path.read_text())).splitlines(), end, ""]
+
+
+def measured_on(dates: dict[str, str]) -> list[str]:
+    """A line naming the day each model was measured, then a blank line, where the models
+    come from runs of different days (a benchmark rerun on some models keeps the rest);
+    none where they share one."""
+    if len(set(dates.values())) <= 1:
+        return []
+    taken = ", ".join(f"{name} {date}" for name, date in dates.items())
+    return [f"The models were measured in different runs, of the code of that day: {taken}.", ""]

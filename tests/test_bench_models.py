@@ -114,3 +114,21 @@ def test_a_stopped_compiled_run_keeps_the_model_s_earlier_complete_runs():
     assert "A later run (2026-11-27) was stopped after 1 run;" in page
     assert "Incomplete: the benchmark was stopped after 1 run." in page
     assert section_text({**saved, "repeats": 5, "models": {"a": earlier}}).count("stopped") == 0
+
+
+def test_models_are_dated_by_the_run_that_measured_them():
+    """benchmarks.models keeps the models a run did not (or not yet) measure, each with its
+    own day, and its page names the days where they differ."""
+    from dataclasses import asdict, replace
+
+    from benchmarks.models import model_dates
+    from benchmarks.pages import measured_on
+
+    runs = [EAGER, replace(EAGER, model="n")]
+    before_dates = {"machine": {"date": "2026-11-24"}, "runs": [asdict(r) for r in runs]}
+    assert model_dates(before_dates, runs) == {"m": "2026-11-24", "n": "2026-11-24"}
+    dated = {**before_dates, "dates": {"m": "2026-11-27"}}
+    dates = model_dates(dated, runs)
+    assert dates == {"m": "2026-11-27", "n": "2026-11-24"}
+    assert measured_on(dates)[0].endswith("that day: m 2026-11-27, n 2026-11-24.")
+    assert measured_on(model_dates(before_dates, runs)) == []
