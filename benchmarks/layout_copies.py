@@ -13,7 +13,6 @@ between its markers. Run it alone: step times on a shared machine are noise.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import platform
@@ -27,9 +26,8 @@ import torch
 from rich.progress import track
 
 import memplan
-from benchmarks.pages import write_section
+from benchmarks.pages import section_benchmark
 from memplan.budget import Budget
-from memplan.files import write_json_atomically
 from memplan.planner.measure import median_step_seconds
 from memplan.tools.verify import compare_grads, steady_step_peak, training_step
 from memplan.tools.zoo import ZOO, Example
@@ -113,31 +111,27 @@ def markdown(data: dict[str, Any]) -> str:
     return "\n".join([*lines, ""]) + "\n"
 
 
+def measure() -> dict[str, Any]:
+    """Every way at every setting, on ConvNeXt."""
+    size = {"batch": 8, "image": 64, "width": 16}
+    example = ZOO["convnext"](**size)
+    found = []
+    for setting in track(SETTINGS, description="planning and timing each way"):
+        # the kernel-only way first: the others are held to its bytes at each share
+        kernel = run(example, "inside the kernel", setting, setting)
+        same = Budget(bytes=kernel.budget)
+        others = [run(example, way, setting, same) for way in list(WAYS)[1:]]
+        found += [asdict(row) for row in (kernel, *others)]
+    found.sort(key=lambda row: list(WAYS).index(row["way"]))
+    cpu = platform.processor() or platform.machine()
+    machine = f"{cpu}, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}"
+    return {"machine": machine, "size": json.dumps(size), "rows": found}
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--report-only", action="store_true", help="rewrite the page from JSON")
-    args = parser.parse_args(argv)
     path = ROOT / "benchmarks" / "results" / "layout-copies-cpu.json"
-    if args.report_only:
-        data = json.loads(path.read_text())
-    else:
-        size = {"batch": 8, "image": 64, "width": 16}
-        example = ZOO["convnext"](**size)
-        found = []
-        for setting in track(SETTINGS, description="planning and timing each way"):
-            # the kernel-only way first: the others are held to its bytes at each share
-            kernel = run(example, "inside the kernel", setting, setting)
-            same = Budget(bytes=kernel.budget)
-            others = [run(example, way, setting, same) for way in list(WAYS)[1:]]
-            found += [asdict(row) for row in (kernel, *others)]
-        found.sort(key=lambda row: list(WAYS).index(row["way"]))
-        cpu = platform.processor() or platform.machine()
-        machine = f"{cpu}, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}"
-        data = {"machine": machine, "size": json.dumps(size), "rows": found}
-        write_json_atomically(path, data)
-    write_section(PAGE, markdown(data), *MARKERS)
-    print(f"wrote {path.relative_to(ROOT)} and {PAGE.relative_to(ROOT)}")
-    return 0
+    description = __doc__.splitlines()[0]
+    return section_benchmark(argv, description, path, PAGE, MARKERS, measure, markdown)
 
 
 if __name__ == "__main__":

@@ -3,10 +3,13 @@ a rerun replaces and the rest of the page keeps."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from memplan.files import write_json_atomically
 
 
 def write_section(page: Path, text: str, start: str, end: str) -> None:
@@ -40,3 +43,36 @@ def measured_on(dates: dict[str, str]) -> list[str]:
         return []
     taken = ", ".join(f"{name} {date}" for name, date in dates.items())
     return [f"The models were measured in different runs, of the code of that day: {taken}.", ""]
+
+
+def saved_or_measured(
+    path: Path, report_only: bool, measure: Callable[[], dict[str, Any]]
+) -> dict[str, Any]:
+    """A benchmark's results: those saved at `path` where only its report is redrawn
+    (--report-only), else `measure()`'s, saved there first."""
+    if report_only:
+        return json.loads(path.read_text())
+    data = measure()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomically(path, data)
+    return data
+
+
+def section_benchmark(
+    argv: list[str] | None,
+    description: str,
+    path: Path,
+    page: Path,
+    markers: tuple[str, str],
+    measure: Callable[[], dict[str, Any]],
+    markdown: Callable[[dict[str, Any]], str],
+) -> int:
+    """The command line of a benchmark that writes one JSON (`path`) and one section of a
+    page (between `markers`), with --report-only to redraw the section from the JSON."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--report-only", action="store_true", help="rewrite the page from JSON")
+    args = parser.parse_args(argv)
+    data = saved_or_measured(path, args.report_only, measure)
+    write_section(page, markdown(data), *markers)
+    print(f"wrote {path} and {page}")
+    return 0

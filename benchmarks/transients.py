@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import platform
 import sys
 import time
@@ -23,9 +22,8 @@ from typing import Any
 import torch
 from rich.progress import track
 
-from benchmarks.pages import write_section
+from benchmarks.pages import saved_or_measured, write_section
 from memplan.budget import Budget
-from memplan.files import write_json_atomically
 from memplan.planner.capture import compile_training_step
 from memplan.planner.options import PlanOptions
 from memplan.planner.plan import Partitioner
@@ -104,17 +102,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     device = "cpu"
     path = ROOT / "benchmarks" / "results" / f"transients-{device}.json"
-    if args.report_only:
-        data = json.loads(path.read_text())
-    else:
+
+    def measure() -> dict[str, Any]:
         cpu = platform.processor() or platform.machine()
         machine = f"{cpu}, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}"
-        data = {
+        return {
             "machine": machine,
             "models": args.models,
             "rows": [asdict(r) for r in rows(args.models)],
         }
-        write_json_atomically(path, data)
+
+    data = saved_or_measured(path, args.report_only, measure)
     write_section(PAGE, markdown(data), START, END)
     broken = [r["op"] for r in data["rows"] if r["least_margin"] < 0]
     if broken:
