@@ -12,7 +12,7 @@ on, by recomputing more). Per run: the allocator's peak of a steady step, the pl
 budget, prediction, recomputed count and layout, the compile time (the first step), and
 the step time as eager's median times the median, over REPEATS pairs, of the run's step
 over an eager step timed just before it (memplan.planner.measure.paired_step_seconds).
-Writes benchmarks/results/layout-speed-<device>.json and the section of
+On the CPU. Writes benchmarks/results/layout-speed-cpu.json and the section of
 docs/measurement.md between MARKERS. Run it alone: step times on a shared machine are
 noise.
 """

@@ -1,5 +1,6 @@
 """Writing a benchmark's section of a docs page: the text between two marker lines, which
-a rerun replaces and the rest of the page keeps."""
+a rerun replaces and the rest of the page keeps; the line naming the day of each model's
+run; and the command line of a benchmark that writes one JSON and one such section."""
 
 from __future__ import annotations
 
