@@ -723,21 +723,23 @@ def main(argv: list[str] | None = None) -> None:
         task = progress.add_task("compiling", total=runs_per_model(args) * len(args.models))
         for name in args.models:
             earlier = saved["models"].get(name)
+            sizes = sizes_of(name, args.sizes)
 
             def advance(
                 runs: list[CompiledRun],
                 count: int,
                 name: str = name,
                 earlier: dict[str, Any] | None = earlier,
+                sizes: dict[str, int] = sizes,
             ) -> None:
                 progress.update(task, advance=count, description=f"{name}: {runs[-1].label}")
                 # After each run: a run cut off by a time limit or a crash keeps what it
                 # took, without losing the model's earlier complete runs.
-                entry = model_entry(runs, where["date"], sizes_of(name, args.sizes))
+                entry = model_entry(runs, where["date"], sizes)
                 _record(saved, name, while_running(entry, earlier), path)
 
             runs = bench_model(name, args.sizes, args, advance)
-            _record(saved, name, model_entry(runs, where["date"], sizes_of(name, args.sizes)), path)
+            _record(saved, name, model_entry(runs, where["date"], sizes), path)
     write_report(saved, outputs)
     console.print(f"wrote {path}, {outputs.page} and compiled_*_{args.device}.png")
 
