@@ -9,7 +9,9 @@
 #                                    for MODELS (default: gpt2 resnet50) at torch.compile's
 #                                    BUDGETS and memplan's SHARES (default: the benchmark's)
 # TEST_SECONDS and BENCH_SECONDS bound each part, so that a slow part leaves the other its
-# time; the benchmark writes its JSON after each run.
+# time; the benchmark writes its JSON after each run, and each test's result is logged as
+# it ends (tests.log), a failure's report too (failures.log), since pytest prints its
+# summary only at the end of the run.
 set -u
 out=${1:?usage: benchmarks/gpu.sh OUTDIR smoke|full}
 mode=${2:?usage: benchmarks/gpu.sh OUTDIR smoke|full}
@@ -28,11 +30,12 @@ mkdir -p "$out"
 cat "$out/machine.txt"
 
 started=$(date +%s)
-timeout "${TEST_SECONDS:-240}" $python -m pytest tests/test_gpu.py -q -rA -p no:logging \
-  -p no:cacheprovider -n "${WORKERS:-6}" --timeout "${TEST_TIMEOUT:-200}" --durations=0 \
-  > "$out/tests.log" 2>&1
+MEMPLAN_FAILURES_LOG="$out/failures.log" timeout "${TEST_SECONDS:-270}" \
+  $python -m pytest tests/test_gpu.py -v -rA --color=no -p no:logging -p no:cacheprovider \
+  -n "${WORKERS:-12}" --timeout "${TEST_TIMEOUT:-240}" --durations=0 > "$out/tests.log" 2>&1
 echo "tests: exit $? after $(( $(date +%s) - started )) s"
-tail -n 40 "$out/tests.log"
+grep -E "^\[gw[0-9]+\] .*(PASSED|FAILED|ERROR|SKIPPED) tests/" "$out/tests.log"  # as each ended
+[ -s "$out/failures.log" ] && grep -E "^tests/.*\((setup|call|teardown)\)$" "$out/failures.log"
 
 started=$(date +%s)
 if [ "$mode" = smoke ]; then
@@ -42,7 +45,7 @@ else
   set -- --models ${MODELS:-gpt2 resnet50} ${BUDGETS:+--budgets $BUDGETS} \
     ${SHARES:+--shares $SHARES} --out "$out/bench"
 fi
-timeout "${BENCH_SECONDS:-300}" $python -m benchmarks.compiled --device cuda "$@" \
+timeout "${BENCH_SECONDS:-270}" $python -m benchmarks.compiled --device cuda "$@" \
   > "$out/bench.log" 2>&1
 echo "benchmark: exit $? after $(( $(date +%s) - started )) s"
 tr '\r' '\n' < "$out/bench.log" | grep -v "━" | tail -n 20

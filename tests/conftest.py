@@ -27,6 +27,17 @@ def pytest_unconfigure(config) -> None:
         shutil.rmtree(made, ignore_errors=True)
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Where MEMPLAN_FAILURES_LOG names a file, appends each failure's report to it as the
+    test ends: pytest prints failures only when the whole run ends, so a run stopped by a
+    time limit (benchmarks/gpu.sh on a lent GPU) would otherwise lose what failed and why.
+    Under xdist the controller writes it, once; its workers do not."""
+    path = os.environ.get("MEMPLAN_FAILURES_LOG")
+    if path and report.failed and "PYTEST_XDIST_WORKER" not in os.environ:
+        with open(path, "a") as log:
+            log.write(f"{report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
+
+
 @pytest.fixture
 def model_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     """milp and cpsat without the director's starting schedule, to test their models'

@@ -190,8 +190,11 @@ def check_inductor_within_budget(example: Example) -> None:
         with pytest.warns(MemplanWarning) if budget == LEAST else contextlib.nullcontext():
             train_step(compiled, example.inputs)()
         (plan,) = backend.plans
-        # At 70% fusion alone may be enough (it is for GPT-2 and ResNet on an H100).
-        assert plan.counts()["recompute"] > 0 or budget != LEAST
+        # At 70% fusion alone may be enough (it is for GPT-2 and ResNet on an H100). At the
+        # least something is planned: recomputed, or offloaded where the device is not the
+        # host (on an H200, 2026-11-27, the MLP's least plan recomputed nothing).
+        counts = plan.counts()
+        assert counts["recompute"] + counts["offload"] > 0 or budget != LEAST
         errors = max_grad_errors(model, expected)
         assert all(e <= t for e, t in zip(errors, tolerance, strict=True)), (errors, tolerance)
         measured = steady_step_peak(compiled, model, example.inputs)
