@@ -1,20 +1,21 @@
-"""`python -m benchmarks.layout_speed`: what memplan's backend pays in step time when it
-compiles a convolutional graph without Inductor's layout optimization.
+"""`python -m benchmarks.layout_speed`: what a convolutional graph's step time owes to
+Inductor's layout optimization when memplan's backend holds it to a budget.
 
-Where a graph with convolutions, compiled with layout optimization, peaks above its
-budget, the backend compiles it again without it and keeps the lower peak, with the later
-rounds compiled the same way (memplan/backends.py). The optimization is for speed: this
-measures how much. ResNet-50 of the zoo, at the head-to-head's sizes
-(benchmarks.models.SIZES), trains under torch.compile's default and under memplan's
-backend at each of SHARES, once as the backend chooses and once with
-`inductor_config={"layout_optimization": True}` (the rounds then hold the budget with it
-on, by recomputing more). Per run: the allocator's peak of a steady step, the plan's
-budget, prediction, recomputed count and layout, the compile time (the first step), and
-the step time as eager's median times the median, over REPEATS pairs, of the run's step
-over an eager step timed just before it (memplan.planner.measure.paired_step_seconds).
-On the CPU. Writes benchmarks/results/layout-speed-cpu.json and the section of
-docs/measurement.md between MARKERS. Run it alone: step times on a shared machine are
-noise.
+The optimization (channels-last kernels) is for speed, and it can take a graph over its
+budget: its channels-last copies are memory the unfused graphs do not hold. The backend
+plans such a graph lower with the optimization on, and compiles it without it only where
+no round with it holds the budget (memplan/backends.py). This measures what that order
+is worth. ResNet-50 of the zoo, at the head-to-head's sizes (benchmarks.models.SIZES),
+trains under torch.compile's default and under memplan's backend at each of SHARES, once
+as the backend chooses and once with `inductor_config={"layout_optimization": False}`
+(what the backend did until 2026-11-27 wherever the first plan, compiled with the
+optimization, peaked over the budget). Per run: the allocator's peak of a steady step,
+the plan's budget, prediction, recomputed count and layout, the compile time (the first
+step), and the step time as eager's median times the median, over REPEATS pairs, of the
+run's step over an eager step timed just before it
+(memplan.planner.measure.paired_step_seconds). On the CPU. Writes
+benchmarks/results/layout-speed-cpu.json and the section of docs/measurement.md between
+MARKERS. Run it alone: step times on a shared machine are noise.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ MARKERS = ("<!-- layout speed: start -->", "<!-- layout speed: end -->")
 MODEL = "resnet50"
 SHARES = ("90%", "70%")
 REPEATS = 7
-KEPT_ON = {"layout_optimization": True}
+LAYOUT_OFF = {"layout_optimization": False}
 
 
 def run(
@@ -93,8 +94,10 @@ def measure() -> dict[str, Any]:
         )
         settings.append(
             (
-                f"memplan {share}, layout optimization kept",
-                lambda s=share: memplan.backend(budget=s, progress=False, inductor_config=KEPT_ON),
+                f"memplan {share}, layout optimization off",
+                lambda s=share: memplan.backend(
+                    budget=s, progress=False, inductor_config=LAYOUT_OFF
+                ),
             )
         )
     rows = [

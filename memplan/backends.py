@@ -193,12 +193,13 @@ class MemplanBackend:
         graphs (Plan.compiled_peak); where it exceeds the budget, or leaves much of it
         unused, the graph is planned and compiled again at a budget moved by the
         difference (_next_aim), and the round fastest within the budget (else the least
-        over it) is kept. Where the check cannot run, or where layout optimization takes
-        a graph with convolutions over its budget (_layout_may_cost), the graph is also
-        compiled without layout optimization; the first is kept, the second only where
-        it peaks lower, and the later rounds are compiled as the kept one was. Where no
-        round holds the budget, the least-memory plan is the last round tried (for a graph
-        with convolutions, with layout optimization and without it)."""
+        over it) is kept. Where the check cannot run, the graph is compiled again without
+        layout optimization. Where no round with layout optimization holds the budget of a
+        graph with convolutions (_layout_may_cost), its rounds are made again without it,
+        from the budget as first asked: rounds with it are kept where one holds, since
+        its kernels are faster. Where no round holds the budget, the least-memory plan is
+        the last round tried (for a graph with convolutions, with layout optimization and
+        without it)."""
         first = len(partitioner.plans)
         inner = self.inner
         try:
@@ -218,28 +219,28 @@ class MemplanBackend:
             compiled, graphs = self._aot(gm, example_inputs, partitioner, inner)
             partitioner.keep_only(first, 1, partitioner.plans[first + 1])
             rounds = [self._checked(partitioner, first, compiled, graphs)]
-        elif self.without_layout is not None and _layout_may_cost(partitioner, rounds[0][1]):
-            plain = self._aot(gm, example_inputs, partitioner, self.without_layout)
-            checked = self._checked(partitioner, first + 1, *plain, quiet=True)
-            # Kept where it peaks lower: layout optimization is for speed, the budget first.
-            chosen = int(bool(checked[1].compiled_peak) and checked[1].peak < rounds[0][1].peak)
-            partitioner.keep_only(first, chosen, partitioner.plans[first + chosen])
-            if chosen:
-                inner, rounds = self.without_layout, [checked]
         target = rounds[0][1].budget  # the graph's budget as first planned
         compiled_with = [inner]  # each round's inner compiler
         options, budget = partitioner.options, partitioner.budget
+        # Later rounds aim off the budget: best effort, their warnings not the user's.
+        aiming = dataclasses.replace(options, best_effort=True)
         try:
-            # Later rounds aim off the budget: best effort, their warnings not the user's.
-            partitioner.options = dataclasses.replace(options, best_effort=True)
-            tried = {rounds[0][1].budget}
-            while len(rounds) <= INDUCTOR_ROUNDS:
-                aim = _next_aim(rounds[-1][1], target)
-                if aim is None or aim in tried:
-                    break
-                tried.add(aim)
-                rounds.append(self._round(gm, example_inputs, partitioner, inner, aim))
+            partitioner.options = aiming
+            self._more_rounds(gm, example_inputs, partitioner, rounds, compiled_with, target)
+            plans = [plan for _, plan in rounds]
+            can_drop_layout = layout_checked and self.without_layout is not None
+            if can_drop_layout and _layout_may_cost(partitioner, plans, target):
+                # Layout optimization is worth recomputing more (its channels-last kernels
+                # are much faster: docs/measurement.md), but the budget comes first: where
+                # no round with it holds, the graph is planned again without it, from its
+                # budget as first asked.
+                partitioner.options, partitioner.budget = options, budget
+                start, inner = len(partitioner.plans), self.without_layout
+                plain = self._aot(gm, example_inputs, partitioner, inner)
+                rounds.append(self._checked(partitioner, start, *plain, quiet=True))
                 compiled_with.append(inner)
+                partitioner.options = aiming
+                self._more_rounds(gm, example_inputs, partitioner, rounds, compiled_with, target)
             # Where no round held the budget, the least-memory plan is the last tried: the
             # least an InfeasibleBudget names is its peak as compiled (_least_as_compiled),
             # so a budget at that least is held.
@@ -287,6 +288,28 @@ class MemplanBackend:
         partitioner.keep_only(first, index, kept)
         self.plans.append(kept)
         return compiled
+
+    def _more_rounds(
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        partitioner: Partitioner,
+        rounds: list[tuple[Callable[..., Any], Plan]],
+        compiled_with: list[Callable[..., Any]],
+        target: int,
+    ) -> None:
+        """Up to INDUCTOR_ROUNDS more rounds after the last of `rounds`, compiled as it was
+        (`compiled_with`), each planned at a budget moved by the last one's peak as compiled
+        (_next_aim) until none would differ; both lists grow by each round."""
+        inner = compiled_with[-1]
+        tried = {rounds[-1][1].budget}
+        for _ in range(INDUCTOR_ROUNDS):
+            aim = _next_aim(rounds[-1][1], target)
+            if aim is None or aim in tried:
+                return
+            tried.add(aim)
+            rounds.append(self._round(gm, example_inputs, partitioner, inner, aim))
+            compiled_with.append(inner)
 
     def _round(
         self,
@@ -404,14 +427,14 @@ class MemplanBackend:
         return compiled, dataclasses.replace(plan, compiled_peak=peak)
 
 
-def _layout_may_cost(partitioner: Partitioner, plan: Plan) -> bool:
-    """Whether the graph Inductor compiled with its layout optimization may peak lower
-    without it: it has convolutions (the only graphs the optimization changes), and its
-    compiled peak is above its budget or, planned best effort (its budget then being what
-    runs), above the unfused graphs' prediction."""
-    if not _has_convolutions(partitioner) or not plan.compiled_peak:
+def _layout_may_cost(partitioner: Partitioner, plans: Sequence[Plan], target: int) -> bool:
+    """Whether a graph Inductor compiled with its layout optimization may hold its budget
+    only without it: it has convolutions (the only graphs the optimization changes), and
+    every round's peak as compiled (`plans`) is above `target` or, planned best effort
+    (its budget then being what runs), above the unfused graphs' prediction."""
+    if not _has_convolutions(partitioner) or not all(p.compiled_peak for p in plans):
         return False
-    return plan.peak > (plan.predicted_peak if plan.status == "best-effort" else plan.budget)
+    return all(p.peak > (p.predicted_peak if p.status == "best-effort" else target) for p in plans)
 
 
 def _has_convolutions(partitioner: Partitioner) -> bool:
@@ -450,9 +473,10 @@ def _next_aim(plan: Plan, target: int) -> int | None:
 
 
 def _kept_round(plans: Sequence[Plan], target: int) -> int:
-    """Which round to keep: the fastest predicted within `target`, else the least peak."""
+    """Which round to keep: the fastest predicted within `target`, else the least peak;
+    where the first was planned best effort (for the least), the least peak."""
     within = [i for i, p in enumerate(plans) if p.peak <= target]
-    if within:
+    if within and plans[0].status != "best-effort":
         return min(within, key=lambda i: plans[i].predicted_time)
     return min(range(len(plans)), key=lambda i: plans[i].peak)
 
