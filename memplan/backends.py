@@ -124,6 +124,10 @@ class MemplanBackend:
             else None
         )
         self.checks_compiled = inner == "inductor"
+        # Whether the user turned layout optimization off: the plans then say so too.
+        self.layout_off_by_user = self.checks_compiled and not settings.get(
+            "layout_optimization", True
+        )
         # Inductor lowers only graphs decomposed by its own table (as torch.compile's
         # default backend traces them): planned on the decomposed graph, the plan is of
         # the ops inductor is given.
@@ -270,6 +274,7 @@ class MemplanBackend:
                 MemplanWarning,
                 stacklevel=3,
             )
+        layout_off = inner is self.without_layout or self.layout_off_by_user
         # The kept round's plan, held to the budget asked, is the graph's only plan.
         asked = rounds[0][1]
         kept = dataclasses.replace(
@@ -282,7 +287,7 @@ class MemplanBackend:
             options={
                 **plan.options,
                 "compiled_rounds": [[p.requested_budget, p.peak] for _, p in rounds],
-                **({"layout_optimization": False} if inner is self.without_layout else {}),
+                **({"layout_optimization": False} if layout_off else {}),
             },
         )
         partitioner.keep_only(first, index, kept)

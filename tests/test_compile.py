@@ -528,18 +528,15 @@ def _layout_settings(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return settings
 
 
-def _train_small_cnn(budget: str) -> Plan:
+SMALL_CNN = {"batch": 2, "image": 16, "channels": 4, "blocks": 1}
+
+
+def _small_cnn_plan(budget: str) -> Plan:
     """The one plan of a small CNN trained a step under memplan's backend at `budget`,
     its warnings of a budget not held silenced (where the test makes it so)."""
-    example = ZOO["cnn"](batch=2, image=16, channels=4, blocks=1)
-    torch._dynamo.reset()
-    backend = memplan.backend(budget=budget, progress=False)
-    model = copy.deepcopy(example.model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", MemplanWarning)
-        _train_and_compare(torch.compile(model, backend=backend), model, example.inputs)
-    (plan,) = backend.plans
-    return plan
+        return _the_plan_trained(ZOO["cnn"](**SMALL_CNN), budget)
 
 
 def test_a_convolution_graph_planned_lower_keeps_layout_optimization(
@@ -560,7 +557,7 @@ def test_a_convolution_graph_planned_lower_keeps_layout_optimization(
         return plan.budget + 2**13 if len(with_layout) == 1 else plan.predicted_peak
 
     monkeypatch.setattr(memplan_backends, "compiled_peak", measured)
-    plan = _train_small_cnn("90%")  # above its least: planned lower, not best effort
+    plan = _small_cnn_plan("90%")  # above its least: planned lower, not best effort
     assert len(plan.options["compiled_rounds"]) > 1 and set(settings) == {True}
     assert "layout_optimization" not in plan.options
     assert plan.compiled_peak == plan.peak <= plan.budget
@@ -581,7 +578,7 @@ def test_a_convolution_graph_no_round_holds_is_tried_without_layout_optimization
         return plan.predicted_peak if lower_without else 2**41
 
     monkeypatch.setattr(memplan_backends, "compiled_peak", measured)
-    plan = _train_small_cnn("90%")
+    plan = _small_cnn_plan("90%")
     # Rounds with it first (forward and backward each), then without it.
     dropped_at = settings.index(False)
     assert dropped_at >= 2 and set(settings[:dropped_at]) == {True}
@@ -662,12 +659,25 @@ def test_the_least_memory_plan_is_tried_with_layout_optimization_the_rounds_left
         return first[0] + (2**12 if with_layout else 2**11)
 
     monkeypatch.setattr(memplan_backends, "compiled_peak", measured)
-    plan = _the_plan_trained(ZOO["cnn"](batch=2, image=16, channels=4, blocks=1), "90%")
+    plan = _the_plan_trained(ZOO["cnn"](**SMALL_CNN), "90%")
     aims = [aim for aim, _ in plan.options["compiled_rounds"]]
     assert aims[-2:] == [memplan_backends.LEAST_AIM] * 2
     assert plan.peak == plan.compiled_peak == plan.predicted_peak <= plan.budget
     assert "layout_optimization" not in plan.options  # kept with it
     assert settings[-2:] == [False, False]  # the least plan, last compiled without it
+
+
+def test_a_plan_says_where_the_user_turned_layout_optimization_off() -> None:
+    """`inductor_config={"layout_optimization": False}`: the plan says it was compiled
+    without it, as where the backend drops it (benchmarks read it there)."""
+    example = ZOO["mlp"](batch=512)
+    torch._dynamo.reset()
+    off = {"layout_optimization": False}
+    backend = memplan.backend(budget="70%", progress=False, inductor_config=off)
+    model = copy.deepcopy(example.model)
+    _train_and_compare(torch.compile(model, backend=backend), model, example.inputs)
+    (plan,) = backend.plans
+    assert plan.options["layout_optimization"] is False
 
 
 def test_a_graph_the_check_cannot_run_is_compiled_without_layout_optimization(
