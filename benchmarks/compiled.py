@@ -37,6 +37,7 @@ import copy
 import dataclasses
 import json
 import math
+import re
 import time
 import warnings
 from collections.abc import Callable
@@ -107,7 +108,7 @@ class CompiledRun(Run):
 
     graphs: int = 0  # graphs Dynamo compiled in the run: one per graph break and recompile
     graph_peaks: list[int] = field(default_factory=list)  # memplan's prediction per graph
-    notes: list[str] = field(default_factory=list)  # memplan's plan notes (best effort)
+    notes: list[str] = field(default_factory=list)  # memplan's plan notes
     # Where the measured peak is above the prediction: the largest groups of blocks live
     # at it, [bytes each, count, where allocated], read on one more step (peak_contents).
     at_peak: list[list[Any]] = field(default_factory=list)
@@ -586,11 +587,16 @@ def held_at_peak(r: CompiledRun) -> str:
     return f"{r.label}, measured above its prediction, held at its peak: {groups}"
 
 
+# How the planner's note says it planned for more than the budget asked (best effort:
+# memplan/planner/solve.py, plan.py); a round planned off the budget says "planned at".
+BEST_EFFORT_NOTE = re.compile(r"planned for .* instead")
+
+
 def table_row(r: CompiledRun, eager: Run) -> str:
     """A run's row; a run that failed shows its status instead of figures."""
     budget = "-" if r.budget is None else format_bytes(r.budget)
     predicted = "-" if r.predicted_peak is None else format_bytes(r.predicted_peak)
-    if r.notes:
+    if any(BEST_EFFORT_NOTE.search(note) for note in r.notes):
         predicted += " (best effort)"
     graphs = str(r.graphs) if r.graphs else "-"
     if not r.measured:

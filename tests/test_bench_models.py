@@ -86,6 +86,23 @@ def test_a_compiled_run_above_its_prediction_lists_what_its_peak_held():
     ]
 
 
+def test_a_compiled_run_is_marked_best_effort_only_where_its_plan_was():
+    """The page marks a prediction "(best effort)" where the planner planned for more than
+    the budget asked, not where the backend planned a round off the budget to hold it."""
+    from dataclasses import asdict
+
+    from benchmarks.compiled import CompiledRun, table_row
+
+    def row(note: str) -> str:
+        fields = {**asdict(run("memplan", "70%", 60, 100, 70)), "max_grad_error": 0.0}
+        return table_row(CompiledRun(**fields, notes=[note]), EAGER)
+
+    replanned = "graph0: planned at 44.73 MiB so that the graphs as Inductor compiled them "
+    infeasible = "graph0: budget 35.85 MiB is infeasible; planned for its smallest feasible "
+    assert "best effort" not in row(replanned + "peak within 48.22 MiB")
+    assert "best effort" in row(infeasible + "peak 37.95 MiB instead")
+
+
 def test_a_stopped_compiled_run_keeps_the_model_s_earlier_complete_runs():
     """benchmarks.compiled writes its JSON after each run; a model's earlier complete runs
     stay on the page until its new runs are complete, and a stopped run's are kept apart."""
