@@ -116,6 +116,9 @@ class CompiledRun(Run):
     # median of each step's time over an eager step's timed just before it, times eager's
     # step_seconds (Compiled._measure); eager's own run has the two equal.
     raw_step_seconds: float | None = None
+    # Per graph, memplan's rounds under Inductor: [budget aimed at, peak as compiled,
+    # whether layout optimization was on] (MemplanBackend.compile), the kept one among them.
+    rounds: list[list[list[Any]]] = field(default_factory=list)
 
     @property
     def prediction_error(self) -> float | None:
@@ -334,6 +337,7 @@ def _with_plans(run: CompiledRun, plans: list[Plan]) -> CompiledRun:
         graph_peaks=[p.peak for p in plans],
         decisions=decisions,
         notes=[p.note for p in plans if p.note],
+        rounds=[p.options.get("compiled_rounds", []) for p in plans],
     )
 
 

@@ -19,10 +19,12 @@ where Inductor's kernels hold more than the planned graphs, the graph is planned
 budget lowered by the excess, and where fusion leaves room over COMPILED_SLACK of the
 budget, at one raised by it (up to INDUCTOR_ROUNDS times; a graph planned best effort is
 not planned again). Where no round holds the budget, the least-memory plan (LEAST_AIM) is
-compiled as well. `Plan.compiled_peak` is the prediction of what runs. A graph with
-convolutions that Inductor's layout optimization takes over its budget (planned best
-effort: over its unfused prediction) is compiled without it as well, and the lower of the
-two kept; a graph whose check cannot run with it is compiled without it.
+compiled as well. `Plan.compiled_peak` is the prediction of what runs. Where no round of
+a graph with convolutions holds its budget with Inductor's layout optimization (planned
+best effort: none within its unfused prediction), its least-memory plan is compiled with
+it, and where that does not hold either, the graph is planned again without it; a round
+with it is kept where one holds (its kernels are faster), else the one that holds, else
+the least. A graph whose check cannot run with it is compiled without it.
 
 Plans are kept on disk by the graph's structure (planner/plan_cache.py): compiling the
 same model with the same budget again, in this process or the next, applies the plan
@@ -87,6 +89,16 @@ def _inductor(settings: dict[str, Any]) -> Callable[..., Any]:
             return compile_fx_inner(gm, list(example_inputs))
 
     return compile_graph
+
+
+@dataclasses.dataclass(frozen=True)
+class Round:
+    """One compile of a graph under Inductor: the compiled step, its plan (with its peak as
+    compiled, where the check ran) and the inner compiler that compiled it."""
+
+    compiled: Callable[..., Any]
+    plan: Plan
+    inner: Callable[..., Any]
 
 
 class MemplanBackend:
@@ -199,7 +211,8 @@ class MemplanBackend:
         difference (_next_aim), and the round fastest within the budget (else the least
         over it) is kept. Where the check cannot run, the graph is compiled again without
         layout optimization. Where no round with layout optimization holds the budget of a
-        graph with convolutions (_layout_may_cost), its rounds are made again without it,
+        graph with convolutions (_layout_may_cost), the least-memory plan is compiled with
+        it, and where that does not hold either, its rounds are made again without it,
         from the budget as first asked: rounds with it are kept where one holds, since
         its kernels are faster. Where no round holds the budget, the least-memory plan is
         the last round tried (for a graph with convolutions, with layout optimization and
@@ -216,49 +229,54 @@ class MemplanBackend:
             self.plans.extend(partitioner.plans[first:])
             return compiled
         again = self.without_layout is not None  # compiled again where the check fails
-        rounds = [self._checked(partitioner, first, compiled, graphs, quiet=again)]
-        layout_checked = bool(rounds[0][1].compiled_peak)
+        rounds = [self._checked(partitioner, first, compiled, graphs, inner, quiet=again)]
+        layout_checked = bool(rounds[0].plan.compiled_peak)
         if not layout_checked and self.without_layout is not None:
             inner = self.without_layout
             compiled, graphs = self._aot(gm, example_inputs, partitioner, inner)
             partitioner.keep_only(first, 1, partitioner.plans[first + 1])
-            rounds = [self._checked(partitioner, first, compiled, graphs)]
-        target = rounds[0][1].budget  # the graph's budget as first planned
-        compiled_with = [inner]  # each round's inner compiler
+            rounds = [self._checked(partitioner, first, compiled, graphs, inner)]
+        first_plan = rounds[0].plan
+        target = first_plan.budget  # the graph's budget as first planned
+        planned_least = first_plan.status == "best-effort"  # its budget: its peak
         options, budget = partitioner.options, partitioner.budget
         # Later rounds aim off the budget: best effort, their warnings not the user's.
         aiming = dataclasses.replace(options, best_effort=True)
+        least_tried: list[Callable[..., Any]] = []  # inner compilers the least plan had
         try:
             partitioner.options = aiming
-            self._more_rounds(gm, example_inputs, partitioner, rounds, compiled_with, target)
-            plans = [plan for _, plan in rounds]
+            self._more_rounds(gm, example_inputs, partitioner, rounds, target)
             can_drop_layout = layout_checked and self.without_layout is not None
+            plans = [r.plan for r in rounds]
             if can_drop_layout and _layout_may_cost(partitioner, plans, target):
                 # Layout optimization is worth recomputing more (its channels-last kernels
-                # are much faster: docs/measurement.md), but the budget comes first: where
-                # no round with it holds, the graph is planned again without it, from its
-                # budget as first asked.
-                partitioner.options, partitioner.budget = options, budget
-                start, inner = len(partitioner.plans), self.without_layout
-                plain = self._aot(gm, example_inputs, partitioner, inner)
-                rounds.append(self._checked(partitioner, start, *plain, quiet=True))
-                compiled_with.append(inner)
-                partitioner.options = aiming
-                self._more_rounds(gm, example_inputs, partitioner, rounds, compiled_with, target)
+                # are much faster: docs/measurement.md), but the budget comes first. The
+                # rounds' aims can step past the plans that hold (a plan's peak as compiled
+                # does not fall with its budget), so the least-memory plan is tried with it
+                # first; where that does not hold either, the graph is planned again
+                # without it, from its budget as first asked.
+                if not planned_least:
+                    rounds.append(self._round(gm, example_inputs, partitioner, inner, LEAST_AIM))
+                    least_tried.append(inner)
+                if planned_least or all(r.plan.peak > target for r in rounds):
+                    partitioner.options, partitioner.budget = options, budget
+                    start, inner = len(partitioner.plans), self.without_layout
+                    plain = self._aot(gm, example_inputs, partitioner, inner)
+                    rounds.append(self._checked(partitioner, start, *plain, inner, quiet=True))
+                    partitioner.options = aiming
+                    self._more_rounds(gm, example_inputs, partitioner, rounds, target)
             # Where no round held the budget, the least-memory plan is the last tried: the
             # least an InfeasibleBudget names is its peak as compiled (_least_as_compiled),
             # so a budget at that least is held.
-            first_plan = rounds[0][1]
-            if first_plan.status != "best-effort" and all(p.peak > target for _, p in rounds):
+            if not planned_least and all(r.plan.peak > target for r in rounds):
                 for way in self._least_ways(partitioner, inner, layout_checked):
-                    rounds.append(self._round(gm, example_inputs, partitioner, way, LEAST_AIM))
-                    compiled_with.append(way)
+                    if way not in least_tried:
+                        rounds.append(self._round(gm, example_inputs, partitioner, way, LEAST_AIM))
         finally:
             partitioner.options, partitioner.budget = options, budget
-        index = _kept_round([plan for _, plan in rounds], target)
-        compiled, plan = rounds[index]
-        inner = compiled_with[index]
-        if plan.peak > target and rounds[0][1].status != "best-effort":
+        index = _kept_round([r.plan for r in rounds], target)
+        compiled, plan, inner = rounds[index].compiled, rounds[index].plan, rounds[index].inner
+        if plan.peak > target and not planned_least:
             warnings.warn(
                 f"{plan.name}: as Inductor compiled it, the graph peaks at "
                 f"{format_bytes(plan.peak)}, {format_bytes(plan.peak - target)} above its "
@@ -266,7 +284,7 @@ class MemplanBackend:
                 MemplanWarning,
                 stacklevel=3,
             )
-        elif plan.status == "best-effort" and plan.peak > plan.predicted_peak:
+        elif planned_least and plan.peak > plan.predicted_peak:
             # The planner's warning named the least of the unfused graphs.
             warnings.warn(
                 f"{plan.name}: as Inductor compiled it, the least-memory plan peaks at "
@@ -274,20 +292,24 @@ class MemplanBackend:
                 MemplanWarning,
                 stacklevel=3,
             )
-        layout_off = inner is self.without_layout or self.layout_off_by_user
-        # The kept round's plan, held to the budget asked, is the graph's only plan.
-        asked = rounds[0][1]
+        # The kept round's plan, held to the budget asked, is the graph's only plan: a
+        # least-memory round that holds it is a plan for it, not a best effort.
+        holds_as_least = index > 0 and plan.status == "best-effort" and plan.peak <= target
         kept = dataclasses.replace(
             plan,
+            status="feasible" if holds_as_least else plan.status,
             budget=target,
-            requested_budget=asked.requested_budget,
-            requested_as=asked.requested_as,
+            requested_budget=first_plan.requested_budget,
+            requested_as=first_plan.requested_as,
             note=plan.note if index == 0 else _replanned_note(plan, target),
-            # Each round's aim and its peak as compiled, for reports and benchmarks.
+            # Each round's aim, its peak as compiled and whether Inductor's layout
+            # optimization was on, for reports and benchmarks.
             options={
                 **plan.options,
-                "compiled_rounds": [[p.requested_budget, p.peak] for _, p in rounds],
-                **({"layout_optimization": False} if layout_off else {}),
+                "compiled_rounds": [
+                    [r.plan.requested_budget, r.plan.peak, self._layout_on(r.inner)] for r in rounds
+                ],
+                **({} if self._layout_on(inner) else {"layout_optimization": False}),
             },
         )
         partitioner.keep_only(first, index, kept)
@@ -299,22 +321,20 @@ class MemplanBackend:
         gm: torch.fx.GraphModule,
         example_inputs: Sequence[Any],
         partitioner: Partitioner,
-        rounds: list[tuple[Callable[..., Any], Plan]],
-        compiled_with: list[Callable[..., Any]],
+        rounds: list[Round],
         target: int,
     ) -> None:
-        """Up to INDUCTOR_ROUNDS more rounds after the last of `rounds`, compiled as it was
-        (`compiled_with`), each planned at a budget moved by the last one's peak as compiled
-        (_next_aim) until none would differ; both lists grow by each round."""
-        inner = compiled_with[-1]
-        tried = {rounds[-1][1].budget}
+        """Up to INDUCTOR_ROUNDS more rounds after the last of `rounds`, compiled as it was,
+        each planned at a budget moved by the last one's peak as compiled (_next_aim) until
+        none would differ; `rounds` grows by each."""
+        inner = rounds[-1].inner
+        tried = {rounds[-1].plan.budget}
         for _ in range(INDUCTOR_ROUNDS):
-            aim = _next_aim(rounds[-1][1], target)
+            aim = _next_aim(rounds[-1].plan, target)
             if aim is None or aim in tried:
                 return
             tried.add(aim)
             rounds.append(self._round(gm, example_inputs, partitioner, inner, aim))
-            compiled_with.append(inner)
 
     def _round(
         self,
@@ -323,7 +343,7 @@ class MemplanBackend:
         partitioner: Partitioner,
         inner: Callable[..., Any],
         aim: int,
-    ) -> tuple[Callable[..., Any], Plan]:
+    ) -> Round:
         """One more round of planning the graph, at `aim` bytes beyond what is resident,
         compiled with `inner` and checked; the planner's warnings are not the user's."""
         partitioner.budget = Budget(bytes=aim + partitioner.resident.held)
@@ -331,7 +351,11 @@ class MemplanBackend:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", MemplanWarning)
             compiled, graphs = self._aot(gm, example_inputs, partitioner, inner)
-        return self._checked(partitioner, start, compiled, graphs)
+        return self._checked(partitioner, start, compiled, graphs, inner)
+
+    def _layout_on(self, inner: Callable[..., Any]) -> bool:
+        """Whether Inductor compiled with `inner` applies its layout optimization."""
+        return inner is not self.without_layout and not self.layout_off_by_user
 
     def _least_ways(
         self, partitioner: Partitioner, inner: Callable[..., Any], layout_checked: bool
@@ -406,11 +430,12 @@ class MemplanBackend:
         index: int,
         compiled: Callable[..., Any],
         graphs: CompiledGraphs | None,
+        inner: Callable[..., Any],
         quiet: bool = False,
-    ) -> tuple[Callable[..., Any], Plan]:
-        """The round's compiled step and its plan with the peak of what Inductor runs (none
-        where the check cannot run: said in a warning, unless `quiet`, where the caller
-        will compile the graph again)."""
+    ) -> Round:
+        """The round compiled with `inner`: its plan with the peak of what Inductor runs
+        (none where the check cannot run: said in a warning, unless `quiet`, where the
+        caller will compile the graph again)."""
         plan = partitioner.plans[-1]
         assert graphs is not None and len(partitioner.plans) == index + 1
         device = partitioner.lowered[-1].device
@@ -418,18 +443,18 @@ class MemplanBackend:
             peak = compiled_peak(plan, graphs.graphs, device)
         except Exception as error:  # a check that fails must not fail the user's compile
             if quiet:
-                return compiled, plan
+                return Round(compiled, plan, inner)
             warnings.warn(
                 f"{plan.name}: the peak of the graphs as Inductor compiled them could not "
                 f"be checked ({first_line(error)}); the prediction is the unfused graphs'",
                 MemplanWarning,
                 stacklevel=4,
             )
-            return compiled, plan
+            return Round(compiled, plan, inner)
         if plan.status == "best-effort":
             # At the least, the least is what Inductor runs.
             plan = dataclasses.replace(plan, budget=max(plan.budget, peak))
-        return compiled, dataclasses.replace(plan, compiled_peak=peak)
+        return Round(compiled, dataclasses.replace(plan, compiled_peak=peak), inner)
 
 
 def _layout_may_cost(partitioner: Partitioner, plans: Sequence[Plan], target: int) -> bool:
@@ -450,12 +475,13 @@ def _has_convolutions(partitioner: Partitioner) -> bool:
 
 
 def _replanned_note(plan: Plan, target: int) -> str:
-    """What a plan made at a lowered budget says of itself."""
+    """What a plan made at a budget moved from `target` says of itself (a least-memory
+    round's planner note, of a budget under its least, is not the user's)."""
+    within = f"so that the graphs as Inductor compiled them peak within {format_bytes(target)}"
+    if plan.status == "best-effort":
+        return f"the least-memory plan, {within}"
     said = f"{plan.note}; " if plan.note else ""
-    return (
-        f"{said}planned at {format_bytes(plan.requested_budget)} so that the graphs as "
-        f"Inductor compiled them peak within {format_bytes(target)}"
-    )
+    return f"{said}planned at {format_bytes(plan.requested_budget)} {within}"
 
 
 def _next_aim(plan: Plan, target: int) -> int | None:

@@ -614,7 +614,7 @@ def test_where_no_round_holds_the_budget_the_least_memory_plan_is_tried_last(
 
     monkeypatch.setattr(memplan_backends, "compiled_peak", measured)
     plan = _the_plan_trained(ZOO["mlp"](batch=512), "70%")
-    aims = [aim for aim, _ in plan.options["compiled_rounds"]]
+    aims = [aim for aim, *_ in plan.options["compiled_rounds"]]
     assert aims[-1] <= memplan_backends.LEAST_AIM and len(aims) > 1
     assert plan.peak == plan.compiled_peak <= plan.budget
 
@@ -640,30 +640,54 @@ def test_a_graph_no_round_holds_is_named_with_how_far_over_its_budget(
     assert plan.peak > plan.budget and excess == format_bytes(plan.peak - plan.budget)
 
 
-def test_the_least_memory_plan_is_tried_with_layout_optimization_the_rounds_left(
+def test_the_least_memory_plan_is_tried_with_layout_optimization_before_any_round_without(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """No round holds the budget, with layout optimization or without it (where the
-    plans peak lower), so the rounds end without it; the least-memory plan fits only with
-    layout optimization (as the least an InfeasibleBudget names can be measured): the
-    last rounds compile it both ways, and the one that fits is kept, with it."""
+    """No round made at a budget holds it with layout optimization (a plan's peak as
+    compiled need not fall with its budget), but the least-memory plan does: it is
+    compiled next, with layout optimization, and kept, and nothing is compiled without
+    it. The plan holds the budget asked, so it says so, not that it is best effort."""
     settings = _layout_settings(monkeypatch)
     first: list[int] = []  # the budget of the first plan checked: the graph's
 
     def measured(plan: Plan, *_: object) -> int:
         first.append(plan.budget)
-        with_layout = settings[-1]
-        if plan.requested_budget <= memplan_backends.LEAST_AIM and with_layout:
+        if plan.requested_budget <= memplan_backends.LEAST_AIM:
             return plan.predicted_peak
-        # Over the budget, lower without: each round lower by a little, never the least.
-        return first[0] + (2**12 if with_layout else 2**11)
+        return first[0] + 2**12  # over the budget, however low the plan was made
 
     monkeypatch.setattr(memplan_backends, "compiled_peak", measured)
-    plan = _the_plan_trained(ZOO["cnn"](**SMALL_CNN), "90%")
-    aims = [aim for aim, _ in plan.options["compiled_rounds"]]
-    assert aims[-2:] == [memplan_backends.LEAST_AIM] * 2
+    plan = _small_cnn_plan("90%")
+    rounds = plan.options["compiled_rounds"]
+    assert [aim for aim, *_ in rounds][-1] == memplan_backends.LEAST_AIM and len(rounds) > 2
+    assert all(layout for *_, layout in rounds) and set(settings) == {True}
     assert plan.peak == plan.compiled_peak == plan.predicted_peak <= plan.budget
-    assert "layout_optimization" not in plan.options  # kept with it
+    assert plan.status == "feasible" and plan.note.startswith("the least-memory plan, so that")
+    assert "layout_optimization" not in plan.options
+
+
+def test_the_least_memory_plan_is_tried_without_layout_optimization_where_no_round_holds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No round holds the budget, with layout optimization (the least-memory plan's too)
+    or without it: the last round is the least-memory plan compiled without it, once, and
+    the least peak of all the rounds is kept."""
+    settings = _layout_settings(monkeypatch)
+    first: list[int] = []  # the budget of the first plan checked: the graph's
+
+    def measured(plan: Plan, *_: object) -> int:
+        first.append(plan.budget)
+        least = plan.requested_budget <= memplan_backends.LEAST_AIM
+        if settings[-1]:
+            return first[0] + (2**11 if least else 2**13)
+        return first[0] + (2**10 if least else 2**12)
+
+    monkeypatch.setattr(memplan_backends, "compiled_peak", measured)
+    plan = _small_cnn_plan("90%")
+    rounds = plan.options["compiled_rounds"]
+    least = [layout for aim, _, layout in rounds if aim <= memplan_backends.LEAST_AIM]
+    assert least == [True, False] and rounds[-1][2] is False
+    assert plan.peak == first[0] + 2**10 and plan.options["layout_optimization"] is False
     assert settings[-2:] == [False, False]  # the least plan, last compiled without it
 
 
