@@ -119,6 +119,8 @@ class CompiledRun(Run):
     # Per graph, memplan's rounds under Inductor: [budget aimed at, peak as compiled,
     # whether layout optimization was on] (MemplanBackend.compile), the kept one among them.
     rounds: list[list[list[Any]]] = field(default_factory=list)
+    # Per graph, whether Inductor compiled memplan's kept round with layout optimization.
+    layout_optimization: list[bool] = field(default_factory=list)
 
     @property
     def prediction_error(self) -> float | None:
@@ -195,15 +197,18 @@ class Compiled:
         patch = torch._functorch.config.patch(activation_memory_budget=budget)
         return self._measure(run, torch.compile, patch)
 
-    def memplan(self, setting: str, budget: int | str, spent: float = 0.0) -> CompiledRun:
-        """memplan's backend at `budget` (a share, or bytes per graph); `spent` is planning
-        time already spent on this run (the least budget's probe)."""
+    def memplan(
+        self, setting: str, budget: int | str, spent: float = 0.0, **options: Any
+    ) -> CompiledRun:
+        """memplan's backend at `budget` (a share, or bytes per graph), with the backend's
+        `options` (memplan.backend's keywords); `spent` is planning time already spent on
+        this run (the least budget's probe)."""
         run = CompiledRun(self.bench.example.name, "memplan", setting, self.solver, "ok")
         backends: list[MemplanBackend] = []
 
         def compile_(model: nn.Module) -> nn.Module:
             # The backend is built here, inside _measure: a bad budget is the run's error.
-            backends.append(self._backend(budget))
+            backends.append(self._backend(budget, **options))
             return torch.compile(model, backend=backends[-1])
 
         def predicted() -> int:
@@ -338,6 +343,7 @@ def _with_plans(run: CompiledRun, plans: list[Plan]) -> CompiledRun:
         decisions=decisions,
         notes=[p.note for p in plans if p.note],
         rounds=[p.options.get("compiled_rounds", []) for p in plans],
+        layout_optimization=[p.options.get("layout_optimization", True) for p in plans],
     )
 
 

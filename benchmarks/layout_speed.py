@@ -20,21 +20,18 @@ MARKERS. Run it alone: step times on a shared machine are noise.
 
 from __future__ import annotations
 
-import copy
 import sys
-import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 from rich.progress import track
 
-import memplan
-from benchmarks.models import SIZES, machine
+from benchmarks.compiled import Compiled, CompiledRun
+from benchmarks.models import SIZES, Bench, machine
 from benchmarks.pages import section_benchmark
-from memplan.planner.measure import median_step_seconds, paired_step_seconds
-from memplan.tools.verify import steady_step_peak, training_step
+from memplan.errors import MemplanError
 from memplan.tools.zoo import ZOO
 from memplan.units import format_bytes
 
@@ -44,68 +41,55 @@ MARKERS = ("<!-- layout speed: start -->", "<!-- layout speed: end -->")
 MODEL = "resnet50"
 SHARES = ("90%", "70%")
 REPEATS = 7
+SOLVER = "greedy"
+TIME_LIMIT = 20.0  # seconds per solve, as benchmarks.compiled's default
+DEFAULT_BUDGET = 1.0  # torch.compile's default activation_memory_budget
 LAYOUT_OFF = {"layout_optimization": False}
 
 
-def run(
-    label: str, model: torch.nn.Module, inputs: tuple[Any, ...], eager: Any, backend: Any
-) -> dict[str, Any]:
-    """One compile of a copy of `model` (torch.compile's default where `backend` is None),
-    measured and timed against `eager` at once: a later Dynamo reset would compile it again."""
-    torch._dynamo.reset()
-    copied = copy.deepcopy(model)
-    compiled = torch.compile(copied) if backend is None else torch.compile(copied, backend=backend)
-    started = time.perf_counter()
-    training_step(compiled, inputs)()
-    compile_seconds = time.perf_counter() - started
-    peak = steady_step_peak(compiled, copied, inputs)
-    raw, ratio = paired_step_seconds(
-        training_step(compiled, inputs), eager, device=torch.device("cpu"), repeats=REPEATS
-    )
-    row: dict[str, Any] = {
+def row(label: str, run: CompiledRun, eager_seconds: float) -> dict[str, Any]:
+    """What the page shows of `run`; a run that failed fails the benchmark."""
+    if not run.measured:
+        raise MemplanError(f"{label}: {run.status}")
+    assert run.step_seconds is not None
+    measured: dict[str, Any] = {
         "run": label,
-        "measured_peak": peak,
-        "compile_seconds": compile_seconds,
-        "raw_step_seconds": raw,
-        "step_ratio": ratio,
+        "measured_peak": run.measured_peak,
+        "compile_seconds": run.plan_seconds,  # the first step's wall time
+        "raw_step_seconds": run.raw_step_seconds,
+        "step_seconds": run.step_seconds,
+        "step_ratio": run.step_seconds / eager_seconds,
     }
-    if backend is not None:
-        (plan,) = backend.plans
-        row |= {
-            "budget": plan.budget,
-            "predicted_peak": plan.peak,
-            "recomputed": plan.counts()["recompute"],
-            "layout_optimization": plan.options.get("layout_optimization", True),
+    if run.method == "memplan":
+        measured |= {
+            "budget": run.budget,
+            "predicted_peak": run.predicted_peak,
+            "recomputed": run.decisions["recompute"],
+            "layout_optimization": all(run.layout_optimization),
         }
-    return row
+    return measured
 
 
 def measure() -> dict[str, Any]:
-    """Every run of the module docstring, in order."""
+    """Every run of the module docstring, in order, as benchmarks.compiled measures its
+    runs (each on a fresh copy of the model, timed against eager's step)."""
     warnings.filterwarnings("ignore", category=UserWarning)
-    example = ZOO[MODEL](**SIZES[MODEL])
-    model, inputs = example.model, tuple(example.inputs)
-    eager = training_step(model, inputs)
-    eager_seconds = median_step_seconds(eager, device=torch.device("cpu"), repeats=REPEATS)
-    settings: list[tuple[str, Any]] = [("torch.compile", lambda: None)]
-    for share in SHARES:
-        settings.append(
-            (f"memplan {share}", lambda s=share: memplan.backend(budget=s, progress=False))
-        )
-        settings.append(
-            (
-                f"memplan {share}, layout optimization off",
-                lambda s=share: memplan.backend(
-                    budget=s, progress=False, inductor_config=LAYOUT_OFF
-                ),
-            )
-        )
-    rows = [
-        run(label, model, inputs, eager, make())
-        for label, make in track(settings, description="compiling and timing")
+    runner = Compiled(Bench(ZOO[MODEL](**SIZES[MODEL]), REPEATS, TIME_LIMIT), SOLVER, TIME_LIMIT)
+    eager_seconds = runner.eager().step_seconds
+    assert eager_seconds is not None
+    settings: list[tuple[str, Callable[[], CompiledRun]]] = [
+        ("torch.compile", lambda: runner.pytorch(DEFAULT_BUDGET))
     ]
-    for row in rows:
-        row["step_seconds"] = row["step_ratio"] * eager_seconds
+    for share in SHARES:
+        off = f"memplan {share}, layout optimization off"
+        settings += [
+            (f"memplan {share}", lambda s=share: runner.memplan(s, s)),
+            (off, lambda s=share: runner.memplan(s, s, inductor_config=LAYOUT_OFF)),
+        ]
+    rows = [
+        row(label, measure_run(), eager_seconds)
+        for label, measure_run in track(settings, description="compiling and timing")
+    ]
     return {
         "machine": machine("cpu"),
         "sizes": SIZES[MODEL],
