@@ -22,7 +22,7 @@ import memplan.planner.solve
 from memplan.budget import Budget
 from memplan.errors import AllocatorUnreadable, InfeasibleBudget, MemplanWarning, cause_of
 from memplan.graph import Graph
-from memplan.passes.offload import OFFLOAD, PREFETCH, WAIT
+from memplan.passes.offload import OFFLOAD, PREFETCH, RELEASE, WAIT
 from memplan.planner.measure import measure_peak
 from memplan.planner.options import PlanOptions
 from memplan.planner.plan_cache import plan_key
@@ -59,7 +59,9 @@ class Transfer(torch.nn.Module):
     """A value sent to the host and back, as an offload plan's graphs do."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        host = OFFLOAD(torch.sin(x))
+        sine = torch.sin(x)
+        host = OFFLOAD(sine)
+        RELEASE(sine, host)
         landed = PREFETCH(host, x.device, [])
         WAIT(landed, [])
         return landed * 2 + 1
@@ -78,7 +80,7 @@ def check_transfer_ops(device: torch.device) -> None:
     torch.testing.assert_close(torch.compile(Transfer())(x), expected)
     exported = torch.export.export(Transfer(), (x,))
     targets = {n.target for n in exported.graph.nodes if n.op == "call_function"}
-    assert {OFFLOAD, PREFETCH} <= targets
+    assert {OFFLOAD, RELEASE, PREFETCH} <= targets
     saved = io.BytesIO()
     torch.export.save(exported, saved)
     saved.seek(0)
@@ -90,8 +92,9 @@ def test_inductor_runs_an_offload_plan() -> None:
 
 
 def check_offload_plan_under_inductor(example: Example) -> None:
-    """An offload plan at 50%, compiled by inductor, trains to inductor's tolerance, and
-    Inductor issues no prefetch earlier than the plan does."""
+    """An offload plan at 50%, compiled by inductor, trains to inductor's tolerance;
+    Inductor issues no prefetch earlier than the plan does, and frees or reuses no
+    offloaded buffer before its release."""
     expected = eager_grads(example)
     tolerance = inductor_errors(example, expected)
     torch._dynamo.reset()
@@ -111,6 +114,26 @@ def check_offload_plan_under_inductor(example: Example) -> None:
         assert issued.keys() == expected.keys()
         for host, products in expected.items():
             assert issued[host] >= products, (host, issued[host], products)
+    forwards = [code for _, code in compiled_graphs if "memplan.offload" in code]
+    assert forwards
+    for code in forwards:
+        for buffer, line in _after_offloads(code).items():
+            assert "memplan.release.default" in line, (buffer, line)
+
+
+def _after_offloads(code: str) -> dict[str, str]:
+    """Per buffer that Inductor's code offloads, the first line after the offload that
+    releases, frees or reuses it (`del buf20  # reuse`): on a GPU the copy stream may
+    still be reading it until the release, so it must come first."""
+    lines = code.splitlines()
+    found = {}
+    for i, line in enumerate(lines):
+        offload = re.search(r"memplan\.offload\.default\((\w+)", line)
+        if offload:
+            buffer = offload.group(1)
+            pattern = rf"memplan\.release\.default\({buffer}\b|\bdel {buffer}\b"
+            found[buffer] = next((x for x in lines[i + 1 :] if re.search(pattern, x)), "")
+    return found
 
 
 def _recording_inner(backend: memplan_backends.MemplanBackend) -> list[tuple[list, str]]:

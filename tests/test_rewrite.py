@@ -30,7 +30,8 @@ def forward(self, primals_1, primals_2):
     mm_1 = torch.ops.aten.mm.default(relu, primals_1);  relu = None
     tanh = torch.ops.aten.tanh.default(mm_1);  mm_1 = None
     offload_tanh = torch.ops.memplan.offload.default(tanh)
-    sum_1 = torch.ops.aten.sum.default(tanh);  tanh = None
+    sum_1 = torch.ops.aten.sum.default(tanh)
+    release_tanh = torch.ops.memplan.release.default(tanh, offload_tanh);  tanh = release_tanh = None
     return (sum_1, offload_tanh, primals_2, primals_1)
 """
 

@@ -6,7 +6,8 @@ ids stand for) is what the rewrite reads the joint graph through.
 The forward runs the schedule's forward steps and returns the forward outputs followed by
 the values the backward reads (kept tensors and host copies). The backward takes those
 and the tangents, and runs the backward steps in order: a forward op computed again is a
-copy named `recompute_*`, a transfer is `offload_*` (forward), `prefetch_*` and `wait_*`.
+copy named `recompute_*`, a transfer is `offload_*` and `release_*` (forward), `prefetch_*`
+and `wait_*` (backward).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.symbolic_shapes import find_symbol_binding_fx_nodes, free_symbols
 
 from memplan.graph import Compute, Free, Graph, NodeKind, Offload, Prefetch, Schedule, Step, Wait
-from memplan.passes.offload import OFFLOAD, PREFETCH, WAIT
+from memplan.passes.offload import OFFLOAD, PREFETCH, RELEASE, WAIT
 from memplan.passes.recompute import SUBSTITUTES, substitute
 
 
@@ -127,7 +128,11 @@ def _forward_graph(
             host_copies[step.node] = _call_op(
                 fw, OFFLOAD, (values[joint_node],), f"offload_{joint_node.name}"
             )
-        elif not isinstance(step, Free):
+        elif isinstance(step, Free):
+            if step.node in host_copies:  # its buffer is free once the copy has read it
+                args = (values[joint_node], host_copies[step.node])
+                _call_op(fw, RELEASE, args, f"release_{joint_node.name}")
+        else:
             raise ValueError(f"a {type(step).__name__} step cannot run in the forward")
     return fw, values, host_copies
 
