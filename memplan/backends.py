@@ -70,6 +70,9 @@ LEAST_AIM = 1  # bytes: a budget under every graph's least, planned best effort 
 # Inductor's fusion can leave a plan well under its budget: where the room left is over
 # this share of the budget, the graph is planned again at a budget raised by it.
 COMPILED_SLACK = 0.05
+# A round's aim this close to one already tried (a share of the graph's budget) counts as
+# tried: the plan there is the same or nearly, and compiling it again costs a whole round.
+SAME_AIM = 0.001
 
 
 def _inductor_decompositions() -> dict[Any, Callable[..., Any]]:
@@ -326,14 +329,15 @@ class MemplanBackend:
     ) -> None:
         """Up to INDUCTOR_ROUNDS more rounds after the last of `rounds`, compiled as it was,
         each planned at a budget moved by the last one's peak as compiled (_next_aim) until
-        none would differ; `rounds` grows by each."""
+        none would differ, or the aim is within SAME_AIM of a round's compiled this way;
+        `rounds` grows by each."""
         inner = rounds[-1].inner
-        tried = {rounds[-1].plan.budget}
+        tried = [r.plan.budget for r in rounds if r.inner is inner]
         for _ in range(INDUCTOR_ROUNDS):
             aim = _next_aim(rounds[-1].plan, target)
-            if aim is None or aim in tried:
+            if aim is None or any(abs(aim - t) <= SAME_AIM * target for t in tried):
                 return
-            tried.add(aim)
+            tried.append(aim)
             rounds.append(self._round(gm, example_inputs, partitioner, inner, aim))
 
     def _round(

@@ -642,6 +642,35 @@ def test_where_no_round_holds_the_budget_the_least_memory_plan_is_tried_last(
     assert plan.peak == plan.compiled_peak <= plan.budget
 
 
+def test_a_round_is_not_compiled_again_at_an_aim_a_few_bytes_off_one_tried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rounds' aims can come back to a few bytes off one already tried: the first plan
+    peaks over its budget and is planned lower; that one peaks far under and is planned
+    higher; that one peaks over by as much as brings the next aim back next to the
+    second's. The plan there is the second's again, so it is not compiled again (on
+    ResNet-50, a recompile of 30.44 MiB's plan)."""
+    checked: list[Plan] = []
+    peaks: list[int] = []
+
+    def measured(plan: Plan, *_: object) -> int:
+        checked.append(plan)
+        target = checked[0].budget
+        if len(checked) == 1:
+            peaks.append(target + 2**16)
+        elif len(checked) == 2:
+            peaks.append(int(0.8 * target))
+        else:  # _next_aim: min(budget, predicted) + target - peak = the second's aim + 3
+            peaks.append(target + min(plan.budget, plan.predicted_peak) - checked[1].budget - 3)
+        return peaks[-1]
+
+    monkeypatch.setattr(memplan_backends, "compiled_peak", measured)
+    plan = _the_plan_trained(ZOO["mlp"](batch=512), "70%")
+    assert peaks[2] > checked[0].budget  # the third round was over, as set up
+    assert len(checked) == len(plan.options["compiled_rounds"]) == 3
+    assert plan.peak == peaks[1]  # the second round, kept
+
+
 def test_a_graph_no_round_holds_is_named_with_how_far_over_its_budget(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
