@@ -2,7 +2,8 @@
 (inside functions and TYPE_CHECKING blocks too), checked against the layers of
 docs/pipeline.md.
 
-    face (memplan, api, backends, cli) -> tools -> planner -> passes, solvers -> core
+    face (memplan, api, backends, shape_dispatch, cli) -> tools -> planner
+        -> passes, solvers -> core
 
 The core imports nothing of memplan outside it, and graph.py nothing but errors; the core
 and the solvers import no torch; passes never import the planner; and no module imports
@@ -28,6 +29,7 @@ FACE = frozenset(
         "memplan",
         "memplan.api",
         "memplan.backends",
+        "memplan.shape_dispatch",
         "memplan.cli",
         "memplan.cli_args",
         "memplan.cli_fit",
