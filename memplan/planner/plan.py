@@ -9,6 +9,7 @@ API, the .pt2 path and the torch.compile backend all plan through it.
 from __future__ import annotations
 
 import dataclasses
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -411,6 +412,7 @@ class Partitioner:
         if self.keep_plans and reuse is None:
             key = plan_key(lowered.fingerprint, graph, budget, resident.held, self.options, device)
             reuse = cached_plan(key)
+        started = time.perf_counter()
         try:
             plan, schedule = plan_graph(
                 graph,
@@ -423,7 +425,10 @@ class Partitioner:
             )
         except InfeasibleBudget as infeasible:
             return infeasible
-        if key and reuse is None:
+        # A solve that ran to its time limit may have been cut short by how busy the machine
+        # was: kept, its plan would stand for every later compile, however idle.
+        ran_out = time.perf_counter() - started >= self.options.time_limit
+        if key and reuse is None and not ran_out:
             store_plan(key, plan)
         return lowered, plan, schedule
 

@@ -8,6 +8,8 @@ the costs the solver was given (node times and workspaces, as the profile and th
 under Inductor made them, so that a memplan that prices a node differently plans again),
 the budget as asked, what earlier graphs of the step hold, the options that shape a plan
 and the device. A missing or unreadable entry is a miss: the cache is only a shortcut.
+A plan whose solve ran to its time limit is not kept: how far a search cut off by the
+clock got depends on how busy the machine was (planner/plan.py).
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from memplan.planner.profile_cache import device_name
 # Its version goes up when the solvers plan differently for the same key, so that a plan
 # kept by an older memplan is made again (v2: recompute chains read what kept views pin;
 # v3: the solver's costs are in the key, and greedy prices releasing a view that pins its
-# owner with the owner's chain).
-PLAN_DIR = "plans-v3"
+# owner with the owner's chain; v4: a solve that ran to its time limit is no longer kept,
+# so the plans v3 kept from such solves are dropped).
+PLAN_DIR = "plans-v4"
 # Options that change how a plan is shown, not what it is.
 _NOT_IN_KEY = ("progress",)
 
