@@ -1,8 +1,8 @@
 """The runtime ops that offload, prefetch, wait and release emit, registered as custom operators.
 
-`torch.ops.memplan.offload`, `prefetch` and `wait` are torch.library operators with fake
-implementations and declared mutation, so that inductor, torch.export, AOTAutograd's cache
-and FX serialization treat them as ordinary ops:
+`torch.ops.memplan.offload`, `prefetch`, `wait` and `release` are torch.library operators
+with fake implementations and declared mutation, so that inductor, torch.export,
+AOTAutograd's cache and FX serialization treat them as ordinary ops:
 - `offload(tensor) -> host` copies a tensor to (pinned) host memory on a copy stream;
 - `prefetch(host, device, after) -> landed` copies it back on that stream ahead of its use;
 - `wait(landed, after) -> ()` makes the compute stream wait for the copy. It returns nothing
