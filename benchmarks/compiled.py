@@ -74,6 +74,7 @@ from memplan.budget import Budget
 from memplan.errors import InfeasibleBudget, MemplanError, cause_of
 from memplan.files import write_json_atomically
 from memplan.planner.measure import paired_step_seconds
+from memplan.planner.options import PlanOptions
 from memplan.planner.peak_contents import live_at_peak
 from memplan.planner.plan_file import Plan
 from memplan.tools.compare import PYTORCH_BUDGETS
@@ -96,6 +97,9 @@ AT_PEAK_KEPT = 8  # groups of blocks kept from the peak of a run measured above 
 # How far above its prediction a run's peak must be for its blocks to be listed: bytes, not
 # a block (LLaMA's 32 B buffer that no graph reads, docs/measurement.md), are no list's.
 LISTED_ABOVE = 0.001
+# --time-limit's default until 2026-11-27, when it became the backend's own: the models whose
+# entries do not record their limit were run at it.
+EARLIER_TIME_LIMIT = 20.0
 
 
 @dataclass(frozen=True)
@@ -547,13 +551,23 @@ def section_text(saved: dict[str, Any]) -> str:
     for model, found in saved["models"].items():
         runs = [CompiledRun(**r) for r in found["runs"]]
         sizes = ", ".join(f"{k} {v}" for k, v in found["sizes"].items())
-        lines += [f"### {model} under torch.compile", "", f"Sizes: {sizes}.", ""]
+        lines += [f"### {model} under torch.compile", "", f"Sizes: {sizes}. {_limit(found)}", ""]
         lines += _stopped(found)
         lines += [*model_targets(runs), ""]  # type: ignore[arg-type]
         image = image_name(model, where["device"])
         lines += [f"![{model} under torch.compile](img/{image})", ""]
         lines += table(runs)
     return "\n".join(lines) + "\n"
+
+
+def _limit(found: dict[str, Any]) -> str:
+    """The sentence giving memplan's time limit per solve for a model's runs."""
+    if "time_limit" in found:
+        return f"memplan's time limit per solve: {found['time_limit']:g} s."
+    return (
+        f"memplan's time limit per solve: {EARLIER_TIME_LIMIT:g} s, the benchmark's "
+        "default when these runs were taken (they predate its being recorded)."
+    )
 
 
 def _stopped(found: dict[str, Any]) -> list[str]:
@@ -708,7 +722,12 @@ def _options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--solver", choices=SOLVERS, default="greedy", help="memplan's solver")
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per run (median)")
-    parser.add_argument("--time-limit", type=float, default=20.0, help="seconds per solve")
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=PlanOptions().time_limit,
+        help="seconds per solve (default: the backend's own, PlanOptions.time_limit)",
+    )
     parser.add_argument(
         "--device",
         choices=DEVICES,
@@ -751,18 +770,28 @@ def main(argv: list[str] | None = None) -> None:
                 progress.update(task, advance=count, description=f"{name}: {runs[-1].label}")
                 # After each run: a run cut off by a time limit or a crash keeps what it
                 # took, without losing the model's earlier complete runs.
-                entry = model_entry(runs, where["date"], sizes)
+                entry = model_entry(runs, where["date"], sizes, args.time_limit)
                 _record(saved, name, while_running(entry, earlier), path)
 
             runs = bench_model(name, args.sizes, args, advance)
-            _record(saved, name, model_entry(runs, where["date"], sizes), path)
+            entry = model_entry(runs, where["date"], sizes, args.time_limit)
+            _record(saved, name, entry, path)
     write_report(saved, outputs)
     console.print(f"wrote {path}, {outputs.page} and compiled_*_{args.device}.png")
 
 
-def model_entry(runs: list[CompiledRun], date: str, sizes: dict[str, int]) -> dict[str, Any]:
-    """One model's entry in the JSON: the day its runs were taken, its sizes and its runs."""
-    return {"date": date, "sizes": sizes, "runs": [asdict(r) for r in runs]}
+def model_entry(
+    runs: list[CompiledRun], date: str, sizes: dict[str, int], time_limit: float
+) -> dict[str, Any]:
+    """One model's entry in the JSON: the day its runs were taken, its sizes, memplan's
+    time limit per solve (it can decide a plan: a solve the clock cuts keeps its best so
+    far) and its runs."""
+    return {
+        "date": date,
+        "sizes": sizes,
+        "time_limit": time_limit,
+        "runs": [asdict(r) for r in runs],
+    }
 
 
 def while_running(entry: dict[str, Any], earlier: dict[str, Any] | None) -> dict[str, Any]:

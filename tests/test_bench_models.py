@@ -107,7 +107,8 @@ def test_a_compiled_run_is_marked_best_effort_only_where_its_plan_was():
 
 def test_a_stopped_compiled_run_keeps_the_model_s_earlier_complete_runs():
     """benchmarks.compiled writes its JSON after each run; a model's earlier complete runs
-    stay on the page until its new runs are complete, and a stopped run's are kept apart."""
+    stay on the page until its new runs are complete, and a stopped run's are kept apart.
+    Each model's section gives the time limit its solves ran under."""
     from dataclasses import asdict
 
     from benchmarks.compiled import CompiledRun, model_entry, section_text, while_running
@@ -116,8 +117,8 @@ def test_a_stopped_compiled_run_keeps_the_model_s_earlier_complete_runs():
         return CompiledRun(**{**asdict(r), "max_grad_error": 0.0})
 
     sizes = {"batch": 4}
-    earlier = model_entry([compiled(EAGER), *map(compiled, PYTORCH)], "2026-11-26", sizes)
-    partial = model_entry([compiled(run("eager", "", 90, 95))], "2026-11-27", sizes)
+    earlier = model_entry([compiled(EAGER), *map(compiled, PYTORCH)], "2026-11-26", sizes, 60)
+    partial = model_entry([compiled(run("eager", "", 90, 95))], "2026-11-27", sizes, 60)
 
     kept = while_running(partial, earlier)
     assert kept["runs"] == earlier["runs"] and kept["unfinished"] == partial
@@ -133,6 +134,10 @@ def test_a_stopped_compiled_run_keeps_the_model_s_earlier_complete_runs():
     assert "A later run (2026-11-27) was stopped after 1 run;" in page
     assert "Incomplete: the benchmark was stopped after 1 run." in page
     assert section_text({**saved, "repeats": 5, "models": {"a": earlier}}).count("stopped") == 0
+    assert "memplan's time limit per solve: 60 s." in page
+    unrecorded = {k: v for k, v in earlier.items() if k != "time_limit"}
+    older = section_text({**saved, "repeats": 5, "models": {"a": unrecorded}})
+    assert "memplan's time limit per solve: 20 s, the benchmark's default" in older
 
 
 def test_models_are_dated_by_the_run_that_measured_them():
