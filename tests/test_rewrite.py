@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import re
 
 import torch
 from torch import nn
 from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
-from memplan.graph import Decision
+from memplan.graph import Decision, Free, Schedule
 from memplan.passes.rewrite import rewrite
 from memplan.planner.lower import lower
+from memplan.simulate import simulate
 from memplan.solvers.training import build_schedule
 
 
@@ -78,3 +80,28 @@ def test_recompute_and_offload_code_is_pinned() -> None:
     assert _code(forward) == FORWARD.strip()
     assert _code(backward) == BACKWARD.strip()
     assert forward.meta["memplan"]["part"] == "forward"
+
+
+def test_an_offloaded_tensor_freed_only_in_the_backward_is_released_before_the_forward_ends() -> (
+    None
+):
+    """A schedule may free an offloaded node only in the backward (before its prefetch),
+    where the backward reads its host copy alone: the forward does not return it and drops
+    it on return, so it is released there, after every other forward step, and not left for
+    Inductor to reuse while the copy may still read it."""
+    with contextlib.ExitStack() as stack:
+        joint = aot_export_joint_with_descriptors(stack, Tiny(), (torch.ones(2, 4),)).graph_module
+        lowered = lower(joint, 1, offload_threshold=0)
+        graph = lowered.graph
+        tanh = graph.by_name["tanh"]
+        schedule = build_schedule(graph, {tanh: Decision.OFFLOAD}, bandwidth=1e9)
+        forward_steps = [s for s in schedule.steps[: schedule.split] if s != Free(tanh)]
+        moved = Schedule(
+            (*forward_steps, Free(tanh), *schedule.steps[schedule.split :]),
+            len(forward_steps),
+        )
+        simulate(graph, moved, bandwidth=1e9)  # a valid schedule
+        forward, _ = rewrite(lowered, moved)
+    lines = _code(forward).splitlines()
+    assert lines[-2].strip().startswith("release_tanh = torch.ops.memplan.release.default(tanh,")
+    assert not re.search(r"\btanh\b", lines[-1])  # the forward returns no device copy

@@ -79,7 +79,10 @@ def rewrite(
     sizes = [item for item in handed_over if is_sym_node(item[1])]
     tensors = [item for item in handed_over if not is_sym_node(item[1])]
     forward_outputs = [_lookup(fw_values, o) for o in joint_outputs[: lowered.num_fwd_outputs]]
-    fw.output(tuple(forward_outputs + [value for _, value in tensors + sizes]))
+    returned = forward_outputs + [value for _, value in tensors + sizes]
+    freed = {step.node for step in forward_steps if isinstance(step, Free)}
+    _release_the_dropped(fw, lowered, fw_values, host_copies, freed, returned)
+    fw.output(tuple(returned))
     handed_over = sizes + tensors
 
     bw, bw_values = _backward_graph(lowered, backward_steps, handed_over)
@@ -135,6 +138,25 @@ def _forward_graph(
         else:
             raise ValueError(f"a {type(step).__name__} step cannot run in the forward")
     return fw, values, host_copies
+
+
+def _release_the_dropped(
+    fw: fx.Graph,
+    lowered: Lowered,
+    fw_values: dict[fx.Node, fx.Node],
+    host_copies: dict[int, fx.Node],
+    freed: set[int],
+    returned: Sequence[object],
+) -> None:
+    """Release, at the end of the forward, each offloaded tensor that the schedule frees
+    only in the backward and that the forward does not return (the backward reads its host
+    copy, not it). The forward drops it when it returns, earlier than the schedule does, and
+    Inductor may hand its buffer to a later kernel as soon as the offload call returns: the
+    release keeps it until the copy has read it (passes/offload.py)."""
+    for node, host in host_copies.items():
+        value = fw_values[lowered.fx_nodes[node]]
+        if node not in freed and not any(value is r for r in returned):
+            _call_op(fw, RELEASE, (value, host), f"release_{lowered.fx_nodes[node].name}")
 
 
 def _handed_over(
