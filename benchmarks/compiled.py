@@ -37,7 +37,6 @@ import copy
 import dataclasses
 import json
 import math
-import re
 import time
 import warnings
 from collections.abc import Callable
@@ -611,17 +610,12 @@ def held_at_peak(r: CompiledRun) -> str:
     return f"{r.label}, measured above its prediction, held at its peak: {groups}"
 
 
-# How the planner's note says it planned for more than the budget asked (best effort:
-# memplan/planner/solve.py, plan.py); a round planned off the budget says "planned at".
-BEST_EFFORT_NOTE = re.compile(r"planned for .* instead")
-
-
 def table_row(r: CompiledRun, eager: Run) -> str:
     """A run's row; a run that failed shows its status instead of figures."""
     budget = "-" if r.budget is None else format_bytes(r.budget)
     predicted = "-" if r.predicted_peak is None else format_bytes(r.predicted_peak)
-    if any(BEST_EFFORT_NOTE.search(note) for note in r.notes):
-        predicted += " (best effort)"
+    if r.predicted_peak is not None and r.budget is not None and r.predicted_peak > r.budget:
+        predicted += " (best effort)"  # planned for more than the budget asked
     graphs = str(r.graphs) if r.graphs else "-"
     if not r.measured:
         cells = [r.label, budget, graphs, predicted, r.status, "", "", "", ""]

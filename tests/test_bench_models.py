@@ -87,22 +87,26 @@ def test_a_compiled_run_above_its_prediction_lists_what_its_peak_held():
 
 
 def test_a_compiled_run_is_marked_best_effort_only_where_its_plan_was():
-    """The page marks a prediction "(best effort)" where the planner planned for more than
-    the budget asked, not where the backend planned a round off the budget to hold it."""
+    """The page marks a prediction "(best effort)" where the plan predicts more than the
+    run's budget, not where a round on the way to it was best effort (the least run's
+    1-byte round) or the backend planned a round off the budget to hold it."""
     from dataclasses import asdict
 
     from benchmarks.compiled import CompiledRun, table_row
 
-    def row(note: str) -> str:
-        fields = {**asdict(run("memplan", "70%", 60, 100, 70)), "max_grad_error": 0.0}
-        return table_row(CompiledRun(**fields, notes=[note]), EAGER)
+    def row(predicted_mib: float, note: str) -> str:
+        fields = asdict(run("memplan", "least", 42, 100, 42.56))
+        fields.update(max_grad_error=0.0, predicted_peak=int(predicted_mib * MIB), notes=[note])
+        return table_row(CompiledRun(**fields), EAGER)
 
-    replanned = "graph0: planned at 44.73 MiB so that the graphs as Inductor compiled them "
-    infeasible = "graph0: budget 35.85 MiB is infeasible; planned for its smallest feasible "
-    assert "best effort" not in row(replanned + "peak within 48.22 MiB")
-    assert "best effort" in row(infeasible + "peak 37.95 MiB instead")
-    least = "graph0: the least-memory plan, so that the graphs as Inductor compiled them "
-    assert "best effort" not in row(least + "peak within 34.44 MiB")  # it holds the budget
+    least = (
+        "graph0.3: budget 1 B is infeasible; planned for its smallest feasible peak 33.66 MiB "
+        "instead; planned at 1 B so that the graphs as Inductor compiled them peak within "
+        "42.56 MiB"
+    )
+    assert "best effort" not in row(42.56, least)
+    infeasible = "graph0: budget 42.56 MiB is infeasible; planned for its smallest feasible "
+    assert "best effort" in row(43.1, infeasible + "peak 43.10 MiB instead")
 
 
 def test_a_stopped_compiled_run_keeps_the_model_s_earlier_complete_runs():
