@@ -144,17 +144,24 @@ class Graph:
     def by_name(self) -> dict[str, int]:
         return {node.name: node.id for node in self.nodes}
 
-    @property
-    def forward_ids(self) -> list[int]:
-        return [n.id for n in self.nodes if n.kind is NodeKind.COMPUTE and not n.is_backward]
+    # Cached: solvers read these once per simulated schedule, and greedy simulates
+    # hundreds of schedules of a graph of thousands of nodes.
+    @cached_property
+    def forward_ids(self) -> tuple[int, ...]:
+        return tuple(n.id for n in self.nodes if n.kind is NodeKind.COMPUTE and not n.is_backward)
 
-    @property
-    def backward_ids(self) -> list[int]:
-        return [n.id for n in self.nodes if n.kind is NodeKind.COMPUTE and n.is_backward]
+    @cached_property
+    def backward_ids(self) -> tuple[int, ...]:
+        return tuple(n.id for n in self.nodes if n.kind is NodeKind.COMPUTE and n.is_backward)
 
-    @property
-    def resident_inputs(self) -> list[int]:
-        return [n.id for n in self.nodes if n.is_resident_input]
+    @cached_property
+    def resident_inputs(self) -> tuple[int, ...]:
+        return tuple(n.id for n in self.nodes if n.is_resident_input)
+
+    @cached_property
+    def tangent_ids(self) -> tuple[int, ...]:
+        """The incoming gradients of the backward."""
+        return tuple(n.id for n in self.nodes if n.kind is NodeKind.TANGENT)
 
     @cached_property
     def saved_candidates(self) -> tuple[int, ...]:

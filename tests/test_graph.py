@@ -97,9 +97,9 @@ def test_graph_queries():
     assert g.by_name == {"p": 0, "a": 1, "b": 2, "c": 3, "d": 4}
     # c reads a twice; it is one user of a
     assert g.users == ((1, 4), (2, 3), (3,), (), ())
-    assert g.resident_inputs == [0]
-    assert g.forward_ids == [1, 2, 3, 4]
-    assert g.backward_ids == []
+    assert g.resident_inputs == (0,)
+    assert g.forward_ids == (1, 2, 3, 4)
+    assert g.backward_ids == ()
     assert g.total_time == 10.0  # 1 + 2 + 3 + 4
 
 
@@ -140,8 +140,8 @@ def test_saved_candidates_are_forward_nodes_the_backward_reads():
         outputs=(3, 5),
     )
     assert g.saved_candidates == (1,)
-    assert g.backward_ids == [5]
-    assert g.forward_ids == [1, 2, 3]
+    assert g.backward_ids == (5,)
+    assert g.forward_ids == (1, 2, 3)
 
 
 # --- with_frees --------------------------------------------------------------------------

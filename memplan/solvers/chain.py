@@ -159,7 +159,7 @@ def forward_nodes(graph: Graph, problem: str) -> list[int]:
     """The nodes the chain is made of: training, the forward compute nodes; general,
     every node not labelled backward (all of them in a graph with no labels)."""
     if problem == "training":
-        return graph.forward_ids
+        return list(graph.forward_ids)
     return [v.id for v in graph if not v.is_backward and not v.is_resident_input]
 
 

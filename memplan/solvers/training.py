@@ -92,8 +92,8 @@ def build_schedule(
 
     available = set(graph.resident_inputs) | set(graph.outputs)
     available.update(v for v in graph.forward_ids if decision(v) is Decision.KEEP)
-    backward: list[Step] = [Compute(t) for t in _tangents(graph)]
-    available.update(_tangents(graph))
+    backward: list[Step] = [Compute(t) for t in graph.tangent_ids]
+    available.update(graph.tangent_ids)
     driven = _gradient_driven(graph)
     pinned_until = _pinned_until(graph, decisions, driven)
     # Backward nodes that read no gradient (views and transposes of saved tensors) are run
@@ -111,7 +111,7 @@ def build_schedule(
     if bandwidth is not None:
         backward = _with_prefetches(graph, backward, bandwidth)
     # The autograd engine holds the incoming gradients until the backward returns.
-    steps = with_frees(graph, forward + backward, keep=_tangents(graph))
+    steps = with_frees(graph, forward + backward, keep=graph.tangent_ids)
     return Schedule(steps=tuple(steps), backward_start=_split_index(steps, len(forward)))
 
 
@@ -125,7 +125,7 @@ def simulate_decisions(
 
 def _gradient_driven(graph: Graph) -> list[int]:
     """Backward nodes with a tangent among their ancestors, in order."""
-    driven = set(_tangents(graph))
+    driven = set(graph.tangent_ids)
     for u in graph.backward_ids:
         if any(s in driven for s in graph[u].inputs):
             driven.add(u)
@@ -155,10 +155,6 @@ def _pinned_until(
             if owner in owners and s != owner:
                 until[owner] = max(until.get(owner, at), at)
     return until
-
-
-def _tangents(graph: Graph) -> list[int]:
-    return [n.id for n in graph if n.kind is NodeKind.TANGENT]
 
 
 def _materialise(
