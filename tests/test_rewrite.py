@@ -82,9 +82,7 @@ def test_recompute_and_offload_code_is_pinned() -> None:
     assert forward.meta["memplan"]["part"] == "forward"
 
 
-def test_an_offloaded_tensor_freed_only_in_the_backward_is_released_before_the_forward_ends() -> (
-    None
-):
+def test_an_offloaded_tensor_freed_only_in_the_backward_is_released_as_the_forward_ends() -> None:
     """A schedule may free an offloaded node only in the backward (before its prefetch),
     where the backward reads its host copy alone: the forward does not return it and drops
     it on return, so it is released there, after every other forward step, and not left for
