@@ -712,7 +712,11 @@ def _options(parser: argparse.ArgumentParser) -> None:
         help="torch.compile's activation memory budgets",
     )
     parser.add_argument(
-        "--shares", nargs="+", type=_budget, default=list(SHARES), help="memplan's budgets"
+        "--shares",
+        nargs="*",
+        type=_budget,
+        default=list(SHARES),
+        help="memplan's budgets (none: only its least, matched and below-least runs)",
     )
     parser.add_argument("--solver", choices=SOLVERS, default="greedy", help="memplan's solver")
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per run (median)")

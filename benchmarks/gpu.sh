@@ -7,7 +7,9 @@
 #   benchmarks/gpu.sh OUTDIR smoke   the tests, then a small head-to-head (no results)
 #   benchmarks/gpu.sh OUTDIR full    the tests, then the head-to-head at the bench sizes
 #                                    for MODELS (default: gpt2 resnet50) at torch.compile's
-#                                    BUDGETS and memplan's SHARES (default: the benchmark's)
+#                                    BUDGETS and memplan's SHARES (default: the benchmark's;
+#                                    SHARES= set empty runs none)
+# TESTS, a pytest -k expression, picks which of tests/test_gpu.py run (default: all).
 # TEST_SECONDS and BENCH_SECONDS bound each part, so that a slow part leaves the other its
 # time; the benchmark writes its JSON after each run, and each test's result is logged as
 # it ends (tests.log), a failure's report too (failures.log), since pytest prints its
@@ -32,7 +34,8 @@ cat "$out/machine.txt"
 started=$(date +%s)
 MEMPLAN_FAILURES_LOG="$out/failures.log" timeout "${TEST_SECONDS:-270}" \
   $python -m pytest tests/test_gpu.py -v -rA --color=no -p no:logging -p no:cacheprovider \
-  -n "${WORKERS:-12}" --timeout "${TEST_TIMEOUT:-240}" --durations=0 > "$out/tests.log" 2>&1
+  -n "${WORKERS:-12}" --timeout "${TEST_TIMEOUT:-240}" --durations=0 ${TESTS:+-k "$TESTS"} \
+  > "$out/tests.log" 2>&1
 echo "tests: exit $? after $(( $(date +%s) - started )) s"
 grep -E "^\[gw[0-9]+\] .*(PASSED|FAILED|ERROR|SKIPPED) tests/" "$out/tests.log"  # as each ended
 [ -s "$out/failures.log" ] && grep -E "^tests/.*\((setup|call|teardown)\)$" "$out/failures.log"
@@ -43,7 +46,7 @@ if [ "$mode" = smoke ]; then
 else
   # shellcheck disable=SC2086  # lists of names and figures
   set -- --models ${MODELS:-gpt2 resnet50} ${BUDGETS:+--budgets $BUDGETS} \
-    ${SHARES:+--shares $SHARES} --out "$out/bench"
+    ${SHARES+--shares $SHARES} --out "$out/bench"
 fi
 timeout "${BENCH_SECONDS:-270}" $python -m benchmarks.compiled --device cuda "$@" \
   > "$out/bench.log" 2>&1
