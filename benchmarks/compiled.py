@@ -92,6 +92,8 @@ PRESETS = ("bench", "small")
 DEVICES = ("cpu", "cuda")
 # The setting of the run at LOWER_REQUIRED below torch.compile's least measured peak.
 BELOW_LEAST = f"{1 - LOWER_REQUIRED:.0%} of pytorch least"
+# The memplan runs --skip can leave out, by name.
+SKIPPABLE = ("least", "matched", "below")
 AT_PEAK_KEPT = 8  # groups of blocks kept from the peak of a run measured above its prediction
 # How far above its prediction a run's peak must be for its blocks to be listed: bytes, not
 # a block (LLaMA's 32 B buffer that no graph reads, docs/measurement.md), are no list's.
@@ -374,10 +376,12 @@ def bench_model(
     for share in config.shares:
         runs.append(runner.memplan(share, share))
         advance(runs, 1)
-    runs.append(runner.least())
-    advance(runs, 1)
+    if "least" not in config.skip:
+        runs.append(runner.least())
+        advance(runs, 1)
     # A memplan point beside every torch.compile point: at its peak, as an absolute budget.
-    for point in [r for r in runs if r.method == "pytorch"]:
+    matched = [] if "matched" in config.skip else [r for r in runs if r.method == "pytorch"]
+    for point in matched:
         if point.measured:
             assert point.measured_peak is not None
             runs.append(runner.memplan(f"matched {point.setting}", point.measured_peak))
@@ -396,6 +400,8 @@ def bench_model(
     # torch.compile's least measured peak, as an absolute budget (the least plan above
     # may recompute more than that peak needs, and so be slower).
     measured = [r.measured_peak for r in runs if r.method == "pytorch" and r.measured_peak]
+    if "below" in config.skip:
+        return runs
     if measured:
         below = math.floor((1 - LOWER_REQUIRED) * min(measured))
         runs.append(runner.memplan(BELOW_LEAST, below))
@@ -412,8 +418,10 @@ def bench_model(
 
 def runs_per_model(config: argparse.Namespace) -> int:
     """Eager, torch.compile's points, memplan's shares, its least, the matched ones, and
-    the run below torch.compile's least."""
-    return 1 + 2 * len(config.budgets) + len(config.shares) + 2
+    the run below torch.compile's least, less those skipped."""
+    matched = 0 if "matched" in config.skip else len(config.budgets)
+    least, below = ("least" not in config.skip), ("below" not in config.skip)
+    return 1 + len(config.budgets) + len(config.shares) + matched + least + below
 
 
 # --- the report --------------------------------------------------------------------------
@@ -556,6 +564,7 @@ def section_text(saved: dict[str, Any]) -> str:
         image = image_name(model, where["device"])
         lines += [f"![{model} under torch.compile](img/{image})", ""]
         lines += table(runs)
+        lines += _later_runs(model, found)
     return "\n".join(lines) + "\n"
 
 
@@ -577,10 +586,29 @@ def _stopped(found: dict[str, Any]) -> list[str]:
         later = found["unfinished"]
         return [
             f"A later run ({later['date']}) was stopped after {_count(later['runs'])}; "
-            "they are kept in the JSON under `unfinished`, not shown here.",
+            "they are kept in the JSON under `unfinished`, and listed after this model's "
+            "table.",
             "",
         ]
     return []
+
+
+def _later_runs(model: str, found: dict[str, Any]) -> list[str]:
+    """The table of a later run that was stopped (the JSON's `unfinished`), below the
+    complete one: the newest figures, which the targets above do not count."""
+    if "unfinished" not in found:
+        return []
+    later = found["unfinished"]
+    runs = [CompiledRun(**r) for r in later["runs"]]
+    if not runs[0].measured:  # no eager step: nothing to give the times against
+        return []
+    return [
+        f"#### {model}: the later run ({later['date']}), stopped after {_count(runs)}",
+        "",
+        f"{_limit(later)} Not counted in the targets above.",
+        "",
+        *table(runs),
+    ]
 
 
 def _count(runs: list[Any]) -> str:
@@ -717,6 +745,14 @@ def _options(parser: argparse.ArgumentParser) -> None:
         type=_budget,
         default=list(SHARES),
         help="memplan's budgets (none: only its least, matched and below-least runs)",
+    )
+    parser.add_argument(
+        "--skip",
+        nargs="+",
+        choices=SKIPPABLE,
+        default=[],
+        help="memplan runs to leave out (a short GPU call): its least, the runs matched "
+        "to torch.compile's peaks, the run below torch.compile's least",
     )
     parser.add_argument("--solver", choices=SOLVERS, default="greedy", help="memplan's solver")
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per run (median)")

@@ -8,7 +8,8 @@
 #   benchmarks/gpu.sh OUTDIR full    the tests, then the head-to-head at the bench sizes
 #                                    for MODELS (default: gpt2 resnet50) at torch.compile's
 #                                    BUDGETS and memplan's SHARES (default: the benchmark's;
-#                                    SHARES= set empty runs none)
+#                                    SHARES= set empty runs none; SKIP names memplan runs to
+#                                    leave out: least, matched, below)
 # TESTS, a pytest -k expression, picks which of tests/test_gpu.py run (default: all).
 # TEST_SECONDS and BENCH_SECONDS bound each part, so that a slow part leaves the other its
 # time; the benchmark writes its JSON after each run, and each test's result is logged as
@@ -46,7 +47,7 @@ if [ "$mode" = smoke ]; then
 else
   # shellcheck disable=SC2086  # lists of names and figures
   set -- --models ${MODELS:-gpt2 resnet50} ${BUDGETS:+--budgets $BUDGETS} \
-    ${SHARES+--shares $SHARES} --out "$out/bench"
+    ${SHARES+--shares $SHARES} ${SKIP:+--skip $SKIP} --out "$out/bench"
 fi
 timeout "${BENCH_SECONDS:-270}" $python -m benchmarks.compiled --device cuda "$@" \
   > "$out/bench.log" 2>&1

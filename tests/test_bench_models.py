@@ -136,12 +136,31 @@ def test_a_stopped_compiled_run_keeps_the_model_s_earlier_complete_runs():
     saved = {"machine": {**where, "date": "2026-11-27"}, "sizes": "bench", "solver": "greedy"}
     page = section_text({**saved, "repeats": 5, "models": {"a": kept, "b": alone}})
     assert "A later run (2026-11-27) was stopped after 1 run;" in page
+    # the stopped run's own table, after the complete one's
+    later = page.split("#### a: the later run (2026-11-27), stopped after 1 run")[1]
+    assert later.split("### b")[0].count("| eager |") == 1
     assert "Incomplete: the benchmark was stopped after 1 run." in page
     assert section_text({**saved, "repeats": 5, "models": {"a": earlier}}).count("stopped") == 0
     assert "memplan's time limit per solve: 60 s." in page
     unrecorded = {k: v for k, v in earlier.items() if k != "time_limit"}
     older = section_text({**saved, "repeats": 5, "models": {"a": unrecorded}})
     assert "memplan's time limit per solve: 20 s, the benchmark's default" in older
+
+
+def test_skipped_compiled_runs_leave_the_count_of_runs():
+    """--skip and an empty --shares leave runs out of the progress bar's count: eager and
+    torch.compile's points always run; each matched run stands beside one of them."""
+    import argparse
+
+    from benchmarks.compiled import runs_per_model
+
+    def count(*skip: str, shares: tuple[str, ...] = ("50%",)) -> int:
+        config = argparse.Namespace(budgets=[1.0, 0.2], shares=list(shares), skip=list(skip))
+        return runs_per_model(config)
+
+    assert count() == 1 + 2 + 1 + 1 + 2 + 1
+    assert count("matched") == count() - 2
+    assert count("least", "below", shares=()) == 1 + 2 + 2
 
 
 def test_models_are_dated_by_the_run_that_measured_them():
