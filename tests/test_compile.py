@@ -8,6 +8,7 @@ import contextlib
 import copy
 import io
 import re
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +20,7 @@ from test_e2e import eager_grads, example_of, train_step
 
 import memplan
 import memplan.backends as memplan_backends
+import memplan.planner.plan
 import memplan.planner.profile
 import memplan.planner.solve
 from memplan.budget import Budget
@@ -456,14 +458,8 @@ def test_compiling_again_applies_the_kept_plan_without_solving_or_profiling(
     assert (second.decisions, second.predicted_peak) == (first.decisions, first.predicted_peak)
 
 
-def test_a_plan_whose_solve_ran_to_its_time_limit_is_not_kept(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """How far a search cut off by the clock gets depends on how busy the machine was, so
-    its plan is not kept: compiling again solves again. (On ResNet-50, a greedy solve cut
-    off at 20 s kept a best-effort plan at 41.33 MiB for the round aimed at 30.44 MiB,
-    which every later process applied; solved with 60 s at 30.43 MiB, it planned within.)"""
-    example = ZOO["mlp"](batch=512)
+def _counted_solves(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the solvers the driver runs from now on, in order."""
     solved: list[str] = []
     get_solver = memplan.planner.solve.get_solver
 
@@ -472,13 +468,56 @@ def test_a_plan_whose_solve_ran_to_its_time_limit_is_not_kept(
         return get_solver(name)
 
     monkeypatch.setattr(memplan.planner.solve, "get_solver", counted)
+    return solved
+
+
+def _plans_of_two_compiles(example: Example, budget: str, time_limit: float) -> list[Plan]:
+    """The plans of two compiles of `example` by fresh backends (as two processes would)."""
+    plans: list[Plan] = []
     for _ in range(2):
         torch._dynamo.reset()
-        # Any solve lasts longer than this limit (at 100% it is found at once).
-        backend = memplan.backend(budget="100%", inner="eager", progress=False, time_limit=1e-9)
+        backend = memplan.backend(
+            budget=budget, inner="eager", progress=False, time_limit=time_limit
+        )
         train_step(torch.compile(copy.deepcopy(example.model), backend=backend), example.inputs)()
         assert len(backend.plans) == 1
+        plans += backend.plans
+    return plans
+
+
+def test_a_plan_whose_solve_ran_to_its_time_limit_is_not_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """How far a search cut off by the clock gets depends on how busy the machine was, so
+    its plan is not kept: compiling again solves again. (On ResNet-50, a greedy solve cut
+    off at 20 s kept a best-effort plan at 41.33 MiB for the round aimed at 30.44 MiB,
+    which every later process applied; solved with 60 s at 30.43 MiB, it planned within.)"""
+    solved = _counted_solves(monkeypatch)
+    # Any solve lasts longer than this limit (at 100% it is found at once).
+    plans = _plans_of_two_compiles(ZOO["mlp"](batch=512), "100%", time_limit=1e-9)
     assert solved == ["greedy", "greedy"]
+    assert all(plan.cut_short for plan in plans)
+
+
+def test_the_time_limit_is_each_solve_s_not_the_whole_planning_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A plan is kept where every solve behind it ended within its limit, however long the
+    work around them took (the layout here; on ResNet-50, the least-memory round's two
+    greedy solves of about 35 s each, under a 60 s limit, made its plans never kept)."""
+    limit = 0.5
+    lay_out = memplan.planner.plan.lay_out
+
+    def slow_layout(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(limit)  # planning now runs past the limit, outside any solve
+        return lay_out(*args, **kwargs)
+
+    monkeypatch.setattr(memplan.planner.plan, "lay_out", slow_layout)
+    solved = _counted_solves(monkeypatch)
+    first, second = _plans_of_two_compiles(ZOO["mlp"](batch=512), "95%", time_limit=limit)
+    assert solved == ["greedy"]  # the second compile applied the kept plan
+    assert not first.cut_short and first.solve_seconds < limit
+    assert (second.decisions, second.predicted_peak) == (first.decisions, first.predicted_peak)
 
 
 def test_a_kept_plan_is_not_applied_where_the_solver_is_given_other_costs() -> None:

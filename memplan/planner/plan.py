@@ -9,7 +9,6 @@ API, the .pt2 path and the torch.compile backend all plan through it.
 from __future__ import annotations
 
 import dataclasses
-import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -166,8 +165,12 @@ def _fit_arena(
     fitted = dataclasses.replace(
         fit.result, options={**fit.result.options, "arena_moves": list(fit.moves)}
     )
+    # A move's solve is held to the plan's limit too: one that reached it cut the plan short.
+    cut_short = solved.cut_short or (
+        fit.result is not solved.result and fit.result.solve_seconds >= solver_options.time_limit
+    )
     if fit.layout.arena <= budget:
-        return Solved(fitted, fit.trace, budget, solved.note), fit.layout
+        return Solved(fitted, fit.trace, budget, solved.note, cut_short), fit.layout
     if not options.best_effort:
         raise InfeasibleBudget(budget, fit.layout.arena, fit.result.solver, what="arena")
     note = (
@@ -176,7 +179,7 @@ def _fit_arena(
     )
     warnings.warn(note, MemplanWarning, stacklevel=3)
     best_effort = dataclasses.replace(fitted, status="best-effort")
-    return Solved(best_effort, fit.trace, fit.layout.arena, note), fit.layout
+    return Solved(best_effort, fit.trace, fit.layout.arena, note, cut_short), fit.layout
 
 
 def _reapply(graph: Graph, reuse: Plan, options: SolverOptions) -> SolveResult:
@@ -220,6 +223,7 @@ def _make_plan(
         unplanned_time=unplanned.time,
         predicted_time=trace.time,
         solve_seconds=result.solve_seconds,
+        cut_short=solved.cut_short,
         fingerprint=fingerprint,
         decisions=decisions,
         tensor_bytes={graph[v].name: graph[v].bytes for v in sorted(result.decisions)},
@@ -412,7 +416,6 @@ class Partitioner:
         if self.keep_plans and reuse is None:
             key = plan_key(lowered.fingerprint, graph, budget, resident.held, self.options, device)
             reuse = cached_plan(key)
-        started = time.perf_counter()
         try:
             plan, schedule = plan_graph(
                 graph,
@@ -425,10 +428,9 @@ class Partitioner:
             )
         except InfeasibleBudget as infeasible:
             return infeasible
-        # A solve that ran to its time limit may have been cut short by how busy the machine
-        # was: kept, its plan would stand for every later compile, however idle.
-        ran_out = time.perf_counter() - started >= self.options.time_limit
-        if key and reuse is None and not ran_out:
+        # A plan whose solve ran to its time limit depends on how busy the machine was:
+        # kept, it would stand for every later compile, however idle.
+        if key and reuse is None and not plan.cut_short:
             store_plan(key, plan)
         return lowered, plan, schedule
 

@@ -72,6 +72,9 @@ class Plan:
     # peak corrected by its kernels' measured difference (planner/compiled_peak.py); 0
     # where memplan runs the planned graphs itself.
     compiled_peak: int = 0
+    # Whether a solve behind the plan ran to its time limit: its schedule is the best found
+    # by then, which depends on how busy the machine was (such plans are not cached).
+    cut_short: bool = False
 
     @property
     def peak(self) -> int:
@@ -215,4 +218,5 @@ _PLAN_FIELDS: dict[str, checks.Check] = {
     "resident": checks.count,
     "unplanned_step_peak": checks.count,
     "compiled_peak": checks.count,
+    "cut_short": checks.flag,
 }

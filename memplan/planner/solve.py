@@ -46,13 +46,16 @@ FALLBACKS = {"training": _Fallback("greedy", None), "general": _Fallback("direct
 class Solved:
     """A solve held to its budget: the result, the simulator's trace of its schedule, the
     bytes the schedule is held to (the budget asked for, or in best-effort mode the least
-    peak found) and a note saying which schedule it is where it is not simply the named
-    solver's answer ("" where it is)."""
+    peak found), a note saying which schedule it is where it is not simply the named
+    solver's answer ("" where it is), and whether any solve run for it reached its own
+    time limit (`cut_short`: then how far it searched depended on how busy the machine
+    was)."""
 
     result: SolveResult
     trace: MemoryTrace
     budget: int
     note: str = ""
+    cut_short: bool = False
 
 
 @dataclass(frozen=True)
@@ -77,9 +80,10 @@ def solve_within_budget(
     """`solver`'s schedule for `budget`, or the fallback's (see the module). `first` is the
     named solver's result where the caller already has it (a re-applied plan)."""
     named = _found(graph, first or get_solver(solver)(graph, budget, options), options)
+    cut_short = first is None and _ran_out(named.result, options)
     if named.peak <= budget:
         assert named.trace is not None
-        return Solved(named.result, named.trace, budget)
+        return Solved(named.result, named.trace, budget, cut_short=cut_short)
     if named.result.status == "timeout":
         why = f"in {options.time_limit:g} s"
     elif named.trace is None:
@@ -96,16 +100,20 @@ def solve_within_budget(
         stand_in = _found(
             graph, get_solver(fallback.solver)(graph, budget, fallback_options), options
         )
+        cut_short = cut_short or _ran_out(stand_in.result, fallback_options)
         if stand_in.peak <= budget:
             assert stand_in.trace is not None
-            return Solved(stand_in.result, stand_in.trace, budget, f"{missed} schedule")
+            note = f"{missed} schedule"
+            return Solved(stand_in.result, stand_in.trace, budget, note, cut_short)
         if stand_in.peak < least.peak:
             least, least_by = stand_in, fallback.solver
     lowest = _found(graph, get_solver(fallback.solver)(graph, None, fallback_options), options)
+    cut_short = cut_short or _ran_out(lowest.result, fallback_options)
     if lowest.peak <= budget:  # the fallback's budgeted search missed what it can reach
         assert lowest.trace is not None
         result = dataclasses.replace(lowest.result, status="feasible")
-        return Solved(result, lowest.trace, budget, f"{missed} least-memory schedule")
+        note = f"{missed} least-memory schedule"
+        return Solved(result, lowest.trace, budget, note, cut_short)
     if lowest.peak < least.peak:
         least, least_by = lowest, fallback.solver
     if least.trace is None:
@@ -120,7 +128,13 @@ def solve_within_budget(
     )
     warnings.warn(note, MemplanWarning, stacklevel=2)
     result = dataclasses.replace(least.result, status="best-effort")
-    return Solved(result, least.trace, peak, note)
+    return Solved(result, least.trace, peak, note, cut_short)
+
+
+def _ran_out(result: SolveResult, options: SolverOptions) -> bool:
+    """Whether a solve ran to the time limit it was given: its schedule is then the best
+    found by that time, and another run on a quieter machine may find a better one."""
+    return result.solve_seconds >= options.time_limit
 
 
 def _found(graph: Graph, result: SolveResult, options: SolverOptions) -> _Found:
