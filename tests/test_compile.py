@@ -11,6 +11,7 @@ import re
 import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -437,6 +438,15 @@ def _stepped(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> torch.
     return model
 
 
+@pytest.fixture
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A profile and plan cache of the test's own. In the run-wide one, another worker
+    profiling the same model between a test's two compiles rewrites the node times the
+    plan's key holds, and the second compile plans again."""
+    monkeypatch.setenv("MEMPLAN_CACHE_DIR", str(tmp_path))
+
+
+@pytest.mark.usefixtures("private_cache")
 def test_compiling_again_applies_the_kept_plan_without_solving_or_profiling(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -485,6 +495,7 @@ def _plans_of_two_compiles(example: Example, budget: str, time_limit: float) -> 
     return plans
 
 
+@pytest.mark.usefixtures("private_cache")
 def test_a_plan_whose_solve_ran_to_its_time_limit_is_not_kept(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -499,6 +510,7 @@ def test_a_plan_whose_solve_ran_to_its_time_limit_is_not_kept(
     assert all(plan.cut_short for plan in plans)
 
 
+@pytest.mark.usefixtures("private_cache")
 def test_the_time_limit_is_each_solve_s_not_the_whole_planning_s(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
