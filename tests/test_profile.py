@@ -17,6 +17,7 @@ from memplan import config, devices
 from memplan.errors import MemplanWarning
 from memplan.planner import profile, roofline
 from memplan.planner.profile import ProfileCache, profile_graph
+from memplan.planner.profile_cache import Cost
 from memplan.planner.roofline import device_spec, estimated_workspace, roofline_seconds
 
 CPU = torch.device("cpu")
@@ -135,7 +136,21 @@ def test_a_corrupt_cache_file_is_replaced(joint, tmp_path, measures):
 def test_the_cache_lands_in_memplan_cache_dir(joint, tmp_path, monkeypatch):
     monkeypatch.setenv("MEMPLAN_CACHE_DIR", str(tmp_path / "cache"))
     profile_graph(joint, cache=ProfileCache(), **FAST)
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["profile-v2.json"]
+    names = sorted(p.name for p in (tmp_path / "cache").iterdir())
+    assert names == ["profile-v2.json", "profile-v2.json.lock"]
+
+
+def test_two_processes_updating_one_cache_keep_each_other_s_entries(tmp_path):
+    """Each cache read the file before the other wrote to it (two test workers, or two
+    jobs, profiling at once): the second writer keeps the first one's entries."""
+    path = tmp_path / "p.json"
+    first, second = ProfileCache(path), ProfileCache(path)
+    assert first.get("a") is None and second.get("b") is None  # both read the empty file
+    first.update({"a": Cost(1.0, 0)})
+    second.update({"b": Cost(2.0, 8)})
+    assert ProfileCache(path).get("a") == Cost(1.0, 0)
+    assert ProfileCache(path).get("b") == Cost(2.0, 8)
+    assert second.get("a") == Cost(1.0, 0)  # and the writer now knows them too
 
 
 def test_cache_dir_defaults_to_the_users_cache(tmp_path, monkeypatch):

@@ -6,6 +6,7 @@ Shared by every graph: a transformer's layers, and the next run's graph, hit the
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -48,18 +49,23 @@ class ProfileCache:
         return self._load().get(key)
 
     def update(self, costs: Mapping[str, Cost]) -> None:
-        """Add `costs` and write the file atomically, so no reader sees half of it."""
-        entries = self._load()
-        entries.update(costs)
+        """Add `costs` and write the file atomically, so no reader sees half of it. The
+        file is read again under a lock first: another process (a test worker, a second
+        training job) may have added entries since this one read it, and writing back only
+        what this one knew would drop them."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(entries, f, sort_keys=True)
-            os.replace(tmp, self.path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        with open(self.path.with_name(self.path.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released as the file closes
+            entries = {**self._load(), **_read(self.path), **costs}
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name, suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(entries, f, sort_keys=True)
+                os.replace(tmp, self.path)
+            except BaseException:
+                os.unlink(tmp)
+                raise
+        self._entries = entries
 
     def _load(self) -> dict[str, Cost]:
         if self._entries is None:
