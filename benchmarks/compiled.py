@@ -399,9 +399,9 @@ def bench_model(
     # The second target's question asked directly: memplan at LOWER_REQUIRED below
     # torch.compile's least measured peak, as an absolute budget (the least plan above
     # may recompute more than that peak needs, and so be slower).
-    measured = [r.measured_peak for r in runs if r.method == "pytorch" and r.measured_peak]
     if "below" in config.skip:
         return runs
+    measured = [r.measured_peak for r in runs if r.method == "pytorch" and r.measured_peak]
     if measured:
         below = math.floor((1 - LOWER_REQUIRED) * min(measured))
         runs.append(runner.memplan(BELOW_LEAST, below))

@@ -311,7 +311,7 @@ def _end_bytes(g: Graph) -> int:
     """Device bytes after the last Free: the storages of the resident inputs, the outputs
     and the tangents, which the autograd engine holds until the backward returns
     (training graphs have no carved nodes, so each owner counts its whole bytes)."""
-    held = [*g.resident_inputs, *g.outputs] + [n.id for n in g if n.kind is NodeKind.TANGENT]
+    held = [*g.resident_inputs, *g.outputs, *g.tangent_ids]
     return sum(g[o].bytes for o in {g.storage_owner[v] for v in held})
 
 

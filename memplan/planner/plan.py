@@ -36,7 +36,7 @@ from memplan.planner.plan_cache import cached_plan, plan_key, store_plan
 from memplan.planner.plan_file import Plan
 from memplan.planner.profile import ProfileCache, profile_graph
 from memplan.planner.shapes import ShapeSignature, at
-from memplan.planner.solve import Solved, solve_within_budget
+from memplan.planner.solve import Solved, ran_out, solve_within_budget
 from memplan.simulate import MemoryTrace, simulate
 from memplan.solvers import SolverOptions, get_solver
 from memplan.solvers.training import build_schedule
@@ -167,7 +167,7 @@ def _fit_arena(
     )
     # A move's solve is held to the plan's limit too: one that reached it cut the plan short.
     cut_short = solved.cut_short or (
-        fit.result is not solved.result and fit.result.solve_seconds >= solver_options.time_limit
+        fit.result is not solved.result and ran_out(fit.result, solver_options)
     )
     if fit.layout.arena <= budget:
         return Solved(fitted, fit.trace, budget, solved.note, cut_short), fit.layout

@@ -56,7 +56,7 @@ class ProfileCache:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_name(self.path.name + ".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released as the file closes
-            entries = {**self._load(), **_read(self.path), **costs}
+            entries = {**(self._entries or {}), **_read(self.path), **costs}
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name, suffix=".tmp")
             try:
                 with os.fdopen(fd, "w") as f:

@@ -80,7 +80,7 @@ def solve_within_budget(
     """`solver`'s schedule for `budget`, or the fallback's (see the module). `first` is the
     named solver's result where the caller already has it (a re-applied plan)."""
     named = _found(graph, first or get_solver(solver)(graph, budget, options), options)
-    cut_short = first is None and _ran_out(named.result, options)
+    cut_short = first is None and ran_out(named.result, options)
     if named.peak <= budget:
         assert named.trace is not None
         return Solved(named.result, named.trace, budget, cut_short=cut_short)
@@ -100,7 +100,7 @@ def solve_within_budget(
         stand_in = _found(
             graph, get_solver(fallback.solver)(graph, budget, fallback_options), options
         )
-        cut_short = cut_short or _ran_out(stand_in.result, fallback_options)
+        cut_short = cut_short or ran_out(stand_in.result, fallback_options)
         if stand_in.peak <= budget:
             assert stand_in.trace is not None
             note = f"{missed} schedule"
@@ -108,7 +108,7 @@ def solve_within_budget(
         if stand_in.peak < least.peak:
             least, least_by = stand_in, fallback.solver
     lowest = _found(graph, get_solver(fallback.solver)(graph, None, fallback_options), options)
-    cut_short = cut_short or _ran_out(lowest.result, fallback_options)
+    cut_short = cut_short or ran_out(lowest.result, fallback_options)
     if lowest.peak <= budget:  # the fallback's budgeted search missed what it can reach
         assert lowest.trace is not None
         result = dataclasses.replace(lowest.result, status="feasible")
@@ -131,7 +131,7 @@ def solve_within_budget(
     return Solved(result, least.trace, peak, note, cut_short)
 
 
-def _ran_out(result: SolveResult, options: SolverOptions) -> bool:
+def ran_out(result: SolveResult, options: SolverOptions) -> bool:
     """Whether a solve ran to the time limit it was given: its schedule is then the best
     found by that time, and another run on a quieter machine may find a better one."""
     return result.solve_seconds >= options.time_limit
