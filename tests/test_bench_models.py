@@ -179,3 +179,46 @@ def test_models_are_dated_by_the_run_that_measured_them():
     assert dates == {"m": "2026-11-27", "n": "2026-11-24"}
     assert measured_on(dates)[0].endswith("that day: m 2026-11-27, n 2026-11-24.")
     assert measured_on(model_dates(before_dates, runs)) == []
+
+
+def test_head_to_head_judges_each_run_against_its_own_point():
+    """The runs timed back to back against their torch.compile point are judged on that
+    ratio alone: 2% of slack for the first target, none for the second."""
+    from dataclasses import asdict
+
+    from benchmarks.compiled import BELOW_LEAST, CompiledRun, head_to_head
+
+    def compiled(r: Run, against: str = "", ratio: float | None = None) -> CompiledRun:
+        return CompiledRun(**{**asdict(r), "against": against, "against_ratio": ratio})
+
+    points = [compiled(p) for p in PYTORCH]  # 80 MiB and 60 MiB
+    assert head_to_head([compiled(EAGER), *points]) == []  # runs taken before the pairing
+    within = compiled(run("memplan", "matched 1.0", 79, 500, 80), "1.0", 1.019)
+    slower = compiled(run("memplan", "matched 0.2", 59, 10, 60), "0.2", 1.021)
+    below = compiled(run("memplan", BELOW_LEAST, 44, 10, 45), "0.2", 1.0)
+    lines = head_to_head([compiled(EAGER), *points, within, slower, below])
+    assert (
+        "| memplan greedy matched 1.0 | 79.00 MiB | pytorch 1.0 | 80.00 MiB | x1.019 | yes |"
+        in lines
+    )
+    assert (
+        "| memplan greedy matched 0.2 | 59.00 MiB | pytorch 0.2 | 60.00 MiB | x1.021 | no |"
+        in lines
+    )
+    assert "- Head to head, memplan's matched runs dominate 1 of 2 torch.compile points" in "".join(
+        lines
+    )
+    assert "not 0.2." in "".join(lines)
+    # 44 MiB against 60: 26.7% lower, at exactly the point's time.
+    assert "26.7% lower, at x1.000 its step time; the second target" in "".join(lines)
+    assert "is met." in "".join(lines)
+    slow = compiled(run("memplan", BELOW_LEAST, 44, 10, 45), "0.2", 1.001)
+    assert "is missed." in "".join(head_to_head([*points, slow]))
+    assert "noise floor" not in "".join(lines)
+    itself = compiled(PYTORCH[0], "1.0", 0.97)  # the point timed against a twin of itself
+    floor = head_to_head([itself, points[1], within])
+    assert (
+        "- The noise floor: pytorch 1.0 timed the same way against a twin of itself " in floor[-2]
+    )
+    assert floor[-2].endswith("read x0.970.")
+    assert sum("| pytorch 1.0 |" in line for line in floor) == 1  # judged rows: memplan's
