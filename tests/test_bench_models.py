@@ -1,5 +1,6 @@
-"""The head-to-head benchmark's verdicts (benchmarks/models.py) on hand-made runs: which
-memplan run dominates a PyTorch point, the Pareto front, and the targets' wording."""
+"""The head-to-head benchmarks' verdicts (benchmarks/models.py, benchmarks/compiled.py) on
+hand-made runs: which memplan run dominates a PyTorch point, the Pareto front, the targets'
+wording; and a head-to-head timing of compiled twins on a small model."""
 
 from __future__ import annotations
 
@@ -222,3 +223,25 @@ def test_head_to_head_judges_each_run_against_its_own_point():
     )
     assert floor[-2].endswith("read x0.970.")
     assert sum("| pytorch 1.0 |" in line for line in floor) == 1  # judged rows: memplan's
+
+
+def test_runs_timed_head_to_head_against_a_twin_compiled_beside_them():
+    """A memplan run and a twin of its torch.compile point live in one process and are
+    timed back to back: the twin compiles one graph of its own (a twin that ran memplan's
+    graphs, or a recompile, would fail the run), and a point against itself may share
+    its graph."""
+    from benchmarks.compiled import Compiled, sizes_of
+    from benchmarks.models import Bench
+    from memplan.tools.zoo import ZOO
+
+    bench = Bench(ZOO["cnn"](**sizes_of("cnn", "small")), 3, 20.0)
+    runner = Compiled(bench, "greedy", 20.0)
+    runner.eager()
+    point = runner.pytorch(1.0, against_itself=True)
+    assert point.status == "ok" and point.against == "1.0"
+    assert point.against_ratio is not None and 0 < point.against_ratio < 10
+    assert point.measured_peak is not None
+    matched = runner.memplan("matched 1.0", point.measured_peak, against="1.0")
+    assert matched.status == "ok", matched.status
+    assert matched.against == "1.0" and matched.graphs == 1  # the twin's is not the run's
+    assert matched.against_ratio is not None and 0 < matched.against_ratio < 10
