@@ -128,9 +128,10 @@ class CompiledRun(Run):
     # Per graph, whether Inductor compiled memplan's kept round with layout optimization.
     layout_optimization: list[bool] = field(default_factory=list)
     # A run timed head to head (the matched runs, each against its torch.compile point; the
-    # below-least run, against the least one): that point's setting, and the median over
-    # head_to_head_pairs pairs of this run's step time over a step of that point's twin,
-    # compiled beside it in the same process, each pair timed back to back.
+    # below-least run, against the least one; torch.compile's first point, against itself,
+    # the noise floor): that point's setting, and the median over head_to_head_pairs pairs
+    # of this run's step time over a step of that point's twin, compiled beside it in the
+    # same process, each pair timed back to back.
     against: str = ""
     against_ratio: float | None = None
 
