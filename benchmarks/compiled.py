@@ -347,9 +347,9 @@ class Compiled:
         """The median, over head_to_head_pairs(repeats) pairs timed back to back, of
         `step`'s time over a step of torch.compile at activation memory budget `setting`,
         compiled here on another copy of the model. Paired with eager, each run's time
-        carries two medians' noise, and on a shared 2-core CPU one compiled ResNet-50
-        (torch.compile's default) timed three times in a row read 72 to 81 ms: wider than
-        the 2% of slack the first target allows.
+        carries two medians' noise, wider on a shared 2-core CPU than the 2% of slack the
+        first target allows: CNN's matched 0.8 and 0.6 runs of 2026-11-28, one plan (same
+        peak and decisions), read 451.0 and 491.2 ms (benchmarks/results/compiled-cpu.json).
         Dynamo is not reset for the twin: `step`'s backend differs, so neither's compiled
         graphs serve the other's calls, or it is the same (`same_backend`, a point against
         itself) and the twin may run `step`'s graph. More compiled graphs than the twin's
@@ -618,9 +618,10 @@ def section_text(saved: dict[str, Any]) -> str:
         "torch.compile point, compiled side by side in one process, timed back to back "
         f"over {head_to_head_pairs(saved['repeats'])} pairs, judged on the median of "
         "memplan's step over the point's. Two runs timed apart each carry their own "
-        "noise, and on a shared 2-core CPU one compiled ResNet-50 (torch.compile's "
-        "default) timed three times in a row read 72 to 81 ms: where the verdicts differ, "
-        "the head-to-head ones are to be trusted.",
+        "noise (two runs of one plan can read further apart than the 2% of slack), so "
+        "where the verdicts differ, the head-to-head ones are to be trusted; each model's "
+        "noise floor, its first torch.compile point timed the same way against a twin of "
+        "itself, says how far from x1 two equal steps read.",
         "",
     ]
     for model, found in saved["models"].items():
