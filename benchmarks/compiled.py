@@ -195,6 +195,7 @@ class Compiled:
         self.solver = solver
         self.time_limit = time_limit
         self.eager_seconds: float | None = None  # eager's median step, set by eager()
+        self.plans: list[Plan] = []  # the plans of the last memplan run, set by memplan()
 
     def eager(self) -> CompiledRun:
         run = self.bench.eager()
@@ -238,7 +239,8 @@ class Compiled:
 
         run = self._measure(run, compile_, contextlib.nullcontext(), predicted, against)
         run = dataclasses.replace(run, plan_seconds=run.plan_seconds + spent)
-        return _with_plans(run, backends[0].plans if backends else [])
+        self.plans = backends[0].plans if backends else []
+        return _with_plans(run, self.plans)
 
     def least(self) -> CompiledRun:
         """memplan at its least feasible budget, found as benchmarks.models finds it: the

@@ -106,6 +106,7 @@ class MemplanBackend:
         solver: str = "greedy",
         inner: str = "inductor",
         inductor_config: dict[str, Any] | None = None,
+        reuse: Plan | None = None,
         **options: Any,
     ) -> None:
         if inner not in INNER_COMPILERS:
@@ -140,6 +141,9 @@ class MemplanBackend:
         # default backend traces them): planned on the decomposed graph, the plan is of
         # the ops inductor is given.
         self.decompositions = _inductor_decompositions() if inner == "inductor" else None
+        # A saved plan whose decisions every graph carries out instead of being solved
+        # (a graph it was not made for is refused: PlanFileError).
+        self.reuse = reuse
         self.plans: list[Plan] = []
         self.graphs = 0
         # The step's graphs in the order they first compiled, the latest plan of each, by
@@ -161,7 +165,9 @@ class MemplanBackend:
         name = f"graph{self.graphs}"
         self.graphs += 1
         symbols = size_symbols(example_inputs)
-        partitioner = Partitioner(self.budget, self.options, name=name, keep_plans=True)
+        partitioner = Partitioner(
+            self.budget, self.options, name=name, keep_plans=True, reuse=self.reuse
+        )
         partitioner.sizes = signature_of(symbols, example_inputs)
         key = self._graph_key()
         partitioner.resident = self._resident_before(key)
@@ -324,6 +330,8 @@ class MemplanBackend:
         each planned at a budget moved by the last one's peak as compiled (_next_aim) until
         none would differ, or the aim is within SAME_AIM of a round's compiled this way;
         `rounds` grows by each."""
+        if partitioner.reuse is not None:
+            return  # the decisions are fixed: planned at any aim, the plan is the same
         inner = rounds[-1].inner
         tried = [r.plan.budget for r in rounds if r.inner is inner]
         for _ in range(INDUCTOR_ROUNDS):
@@ -514,11 +522,14 @@ def backend(
     solver: str = "greedy",
     inner: str = "inductor",
     inductor_config: dict[str, Any] | None = None,
+    reuse: Plan | None = None,
     **options: Any,
 ) -> MemplanBackend:
     """A memplan backend for torch.compile with the given budget, solver and inner compiler
-    (`inductor_config`: settings of torch._inductor.config to compile under)."""
-    return MemplanBackend(budget, solver, inner, inductor_config, **options)
+    (`inductor_config`: settings of torch._inductor.config to compile under). `reuse`
+    carries out a saved Plan's decisions instead of solving (as memplan.optimize's does);
+    the budget is then what the compiled graphs are checked against."""
+    return MemplanBackend(budget, solver, inner, inductor_config, reuse, **options)
 
 
 def memplan_backend(

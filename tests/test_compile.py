@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import io
 import re
 import time
@@ -25,7 +26,13 @@ import memplan.planner.plan
 import memplan.planner.profile
 import memplan.planner.solve
 from memplan.budget import Budget
-from memplan.errors import AllocatorUnreadable, InfeasibleBudget, MemplanWarning, cause_of
+from memplan.errors import (
+    AllocatorUnreadable,
+    InfeasibleBudget,
+    MemplanWarning,
+    PlanFileError,
+    cause_of,
+)
 from memplan.graph import Graph
 from memplan.passes.offload import OFFLOAD, PREFETCH, RELEASE, WAIT
 from memplan.planner.measure import measure_peak
@@ -466,6 +473,63 @@ def test_compiling_again_applies_the_kept_plan_without_solving_or_profiling(
     first, second = plans
     assert first.counts()["recompute"] > 0
     assert (second.decisions, second.predicted_peak) == (first.decisions, first.predicted_peak)
+
+
+@pytest.mark.usefixtures("private_cache")
+def test_a_reused_plan_s_decisions_are_what_inductor_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`backend(reuse=plan)` carries out the plan's decisions, edited or not, without
+    solving: Inductor compiles them once (no rounds at other aims), trains like eager,
+    and the plan records its peak as compiled."""
+    example = ZOO["mlp"](batch=512)
+    expected = eager_grads(example)
+    tolerance = inductor_errors(example, expected)
+    torch._dynamo.reset()
+    solved = memplan.backend(budget="60%", progress=False)
+    train_step(torch.compile(copy.deepcopy(example.model), backend=solved), example.inputs)()
+    (plan,) = solved.plans
+    kept = [name for name, decision in plan.decisions.items() if decision == "keep"]
+    assert kept, "the plan at 60% keeps something to turn into a recomputation"
+    edited = dataclasses.replace(plan, decisions={**plan.decisions, kept[0]: "recompute"})
+    monkeypatch.setattr(memplan.planner.solve, "get_solver", _must_not_run)
+    compiles = _counted_compiles(monkeypatch)
+    torch._dynamo.reset()
+    reused = memplan.backend(budget="100%", progress=False, reuse=edited)
+    model = copy.deepcopy(example.model)
+    train_step(torch.compile(model, backend=reused), example.inputs)()
+    (applied,) = reused.plans
+    assert applied.decisions == edited.decisions
+    assert applied.compiled_peak > 0
+    assert len(compiles) == 1
+    errors = max_grad_errors(model, expected)
+    assert all(e <= t for e, t in zip(errors, tolerance, strict=True))
+
+
+def test_a_plan_reused_on_another_model_is_refused() -> None:
+    example = ZOO["mlp"](batch=512)
+    torch._dynamo.reset()
+    solved = memplan.backend(budget="60%", inner="eager", progress=False)
+    train_step(torch.compile(copy.deepcopy(example.model), backend=solved), example.inputs)()
+    other = ZOO["mlp"](batch=256)  # other sizes: another graph
+    torch._dynamo.reset()
+    reused = memplan.backend(inner="eager", progress=False, reuse=solved.plans[0])
+    with pytest.raises(Exception, match="was made for another graph") as raised:
+        train_step(torch.compile(other.model, backend=reused), other.inputs)()
+    assert isinstance(cause_of(raised.value, PlanFileError), PlanFileError)
+
+
+def _counted_compiles(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """One entry per AOTAutograd compile the memplan backend makes from now on."""
+    compiles: list[int] = []
+    aot = memplan_backends.MemplanBackend._aot
+
+    def counted(self: memplan_backends.MemplanBackend, *args: Any) -> Any:
+        compiles.append(len(compiles))
+        return aot(self, *args)
+
+    monkeypatch.setattr(memplan_backends.MemplanBackend, "_aot", counted)
+    return compiles
 
 
 def _counted_solves(monkeypatch: pytest.MonkeyPatch) -> list[str]:

@@ -1,0 +1,254 @@
+"""`python -m benchmarks.replay`: where memplan's matched plan is slower than a
+torch.compile point, is it memplan's decisions or how memplan carries them out?
+
+For each model and `activation_memory_budget` of CASES (the zoo at the head-to-head's
+sizes, benchmarks.models.SIZES), three runs, each compiled afresh on a copy of the model
+as benchmarks.compiled compiles its runs:
+- torch.compile (inductor) at that budget, its partitioner watched: the values its
+  backward receives are what it saves;
+- memplan's backend (inductor inside) at the point's measured peak, as an absolute budget:
+  the head-to-head's "matched" run;
+- memplan's backend carrying out the point's own decisions (`backend(reuse=...)`): each
+  tensor memplan's plan decides on is kept where torch.compile saves its storage (itself,
+  or the storage it is a view of) and recomputed where not. The planned graph is memplan's
+  own (its rewrite, its order), so this run differs from the point only in how memplan
+  carries the decisions out.
+
+The two memplan runs are timed head to head against a twin of the point, compiled beside
+them (benchmarks.compiled's `Compiled._head_to_head`: the median over 11 pairs timed back
+to back). Per run: the allocator's peak of a steady step, what it recomputes and the
+gradients' distance from eager's. Writes benchmarks/results/replay-<device>.json and the
+section of docs/measurement.md between MARKERS. Run it alone: step times on a shared
+machine are noise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch._inductor.compile_fx as compile_fx
+from rich.progress import track
+from torch import fx
+
+from benchmarks.compiled import Compiled, CompiledRun
+from benchmarks.models import SIZES, Bench, machine
+from benchmarks.pages import section_benchmark
+from memplan.errors import MemplanError
+from memplan.planner.plan_file import Plan
+from memplan.planner.views import is_view
+from memplan.tools.zoo import ZOO
+from memplan.units import format_bytes
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "measurement.md"
+MARKERS = ("<!-- replay: start -->", "<!-- replay: end -->")
+# (model, torch.compile's activation_memory_budget): the points memplan's matched run was
+# slowest against on the CPU head-to-head of 2026-11-28 (benchmarks/results/compiled-cpu.json).
+CASES = (("cnn", 0.8), ("resnet50", 0.6))
+REPEATS = 5  # as benchmarks.compiled's default; the head to head takes 2 * 5 + 1 pairs
+SOLVER = "greedy"
+TIME_LIMIT = 60.0  # seconds per solve, as the head-to-head of 2026-11-28
+# The replayed run's budget: the decisions are fixed, and the budget only what the
+# compiled graphs are checked against; no plan comes near it.
+REPLAY_BUDGET = 1 << 50
+
+
+@dataclasses.dataclass
+class Saved:
+    """What torch.compile's partitioner saved for the backward: each saved value's name
+    and the root of every value of the joint graph (the value it is a view of, through
+    views; itself where it is none)."""
+
+    names: set[str] = dataclasses.field(default_factory=set)
+    roots: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def keeps(self, name: str) -> bool:
+        """Whether the storage of `name` is saved."""
+        saved_roots = {self.roots.get(s, s) for s in self.names}
+        return self.roots[name] in saved_roots
+
+
+@contextlib.contextmanager
+def watched_partitioner() -> Iterator[Saved]:
+    """Inside: Inductor's partitioner records what it saves. Inductor's and AOTAutograd's
+    caches are off, or a cached compile would skip the partitioner."""
+    saved = Saved()
+    partition = compile_fx.min_cut_rematerialization_partition
+
+    def watched(joint: fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
+        forward, backward = partition(joint, *args, **kwargs)
+        saved.roots = {n.name: _root(n).name for n in joint.graph.nodes}
+        saved.names = {
+            n.name
+            for n in backward.graph.find_nodes(op="placeholder")
+            if not n.name.startswith("tangents")
+        }
+        return forward, backward
+
+    with (
+        torch._functorch.config.patch(enable_autograd_cache=False),
+        torch._inductor.config.patch(fx_graph_cache=False),
+        _patched(compile_fx, "min_cut_rematerialization_partition", watched),
+    ):
+        yield saved
+
+
+@contextlib.contextmanager
+def _patched(module: Any, name: str, value: Any) -> Iterator[None]:
+    before = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, before)
+
+
+def _root(node: fx.Node) -> fx.Node:
+    while node.op == "call_function" and is_view(node.target) and node.args:
+        base = node.args[0]
+        if not isinstance(base, fx.Node):
+            break
+        node = base
+    return node
+
+
+def torch_decisions(plan: Plan, saved: Saved) -> tuple[dict[str, str], list[str]]:
+    """`plan`'s decisions made as torch.compile made them: keep what it saves, recompute the
+    rest; and the names memplan decides on that torch.compile's graph lacks (a copy
+    memplan's rewrite added: recomputed)."""
+    unknown = sorted(name for name in plan.decisions if name not in saved.roots)
+    decisions = {
+        name: "keep" if name not in unknown and saved.keeps(name) else "recompute"
+        for name in plan.decisions
+    }
+    return decisions, unknown
+
+
+def described(run: CompiledRun, plan: Plan | None = None) -> dict[str, Any]:
+    """What the page shows of `run` (and of its plan); a run that failed fails the
+    benchmark."""
+    if not run.measured:
+        raise MemplanError(f"{run.method} {run.setting}: {run.status}")
+    shown: dict[str, Any] = {
+        "measured_peak": run.measured_peak,
+        "raw_step_seconds": run.raw_step_seconds,
+        "max_grad_error": run.max_grad_error,
+    }
+    if plan is not None:
+        shown |= {
+            "recomputed": sorted(n for n, d in plan.decisions.items() if d == "recompute"),
+            "kept": sorted(n for n, d in plan.decisions.items() if d == "keep"),
+            "predicted_peak": plan.peak,
+            "predicted_seconds": plan.predicted_time,
+            "against_ratio": run.against_ratio,
+        }
+    return shown
+
+
+def replay(model: str, budget: float) -> dict[str, Any]:
+    """One case of CASES: the three runs of the module docstring."""
+    bench = Bench(ZOO[model](**SIZES[model]), REPEATS, TIME_LIMIT)
+    runner = Compiled(bench, SOLVER, TIME_LIMIT)
+    runner.eager()
+    with watched_partitioner() as saved:
+        point = runner.pytorch(budget)
+    setting = point.setting
+    if not saved.names:
+        raise MemplanError(f"{model}: torch.compile's partitioner was not seen")
+    matched = runner.memplan(f"matched {setting}", point.measured_peak or 0, against=setting)
+    (template,) = runner.plans or [None]
+    if template is None:
+        raise MemplanError(f"{model}: memplan's matched run: {matched.status}")
+    decisions, unknown = torch_decisions(template, saved)
+    reuse = dataclasses.replace(template, decisions=decisions)
+    replayed = runner.memplan(f"{setting}'s decisions", REPLAY_BUDGET, against=setting, reuse=reuse)
+    (applied,) = runner.plans or [None]
+    return {
+        "model": model,
+        "point": setting,
+        "sizes": SIZES[model],
+        "torch": described(point),
+        "matched": described(matched, template),
+        "replayed": described(replayed, applied),
+        "not_in_torch_graph": unknown,
+    }
+
+
+def measure() -> dict[str, Any]:
+    warnings.filterwarnings("ignore", category=UserWarning)
+    cases = [replay(m, b) for m, b in track(CASES, description="replaying torch's decisions")]
+    return {"machine": machine("cpu"), "repeats": REPEATS, "cases": cases}
+
+
+def markdown(data: dict[str, Any]) -> str:
+    """The section of docs/measurement.md (without its markers)."""
+    where = data["machine"]
+    lines = [
+        "## torch.compile's decisions, carried out by memplan",
+        "",
+        f"Written by `python -m benchmarks.replay` ({where['date']}, {where['device_name']}, "
+        f"{where['cpu_threads']} threads, torch {where['torch']}); the raw figures are in "
+        f"`benchmarks/results/replay-{where['device']}.json`. Per case: torch.compile at one "
+        "activation memory budget; memplan's backend at that point's measured peak "
+        "(\"matched\"); and memplan's backend carrying out the point's own decisions "
+        "(`memplan.backend(reuse=...)`: kept where the point saves, recomputed where not). "
+        "Step time: the median over "
+        f"{2 * data['repeats'] + 1} pairs of the run's step over a twin of the point's, "
+        "compiled beside it and timed back to back.",
+        "",
+    ]
+    for case in data["cases"]:
+        point, matched, replayed = case["torch"], case["matched"], case["replayed"]
+        lines += [
+            f"### {case['model']} against torch.compile {case['point']}",
+            "",
+            "| run | measured peak | predicted | recomputed | step time vs the point "
+            "| max grad error |",
+            "|---|---|---|---|---|---|",
+            f"| torch.compile {case['point']} | {format_bytes(point['measured_peak'])} | - | - "
+            f"| x1 | {point['max_grad_error']:.1e} |",
+        ]
+        runs = (("memplan matched", matched), ("memplan, the point's decisions", replayed))
+        for label, run in runs:
+            lines.append(
+                f"| {label} | {format_bytes(run['measured_peak'])} | "
+                f"{format_bytes(run['predicted_peak'])} | {len(run['recomputed'])} | "
+                f"x{run['against_ratio']:.3f} | {run['max_grad_error']:.1e} |"
+            )
+        only_matched = sorted(set(matched["kept"]) - set(replayed["kept"]))
+        only_point = sorted(set(replayed["kept"]) - set(matched["kept"]))
+        lines += [
+            "",
+            f"- Kept by memplan's matched plan, not by torch.compile: "
+            f"{', '.join(only_matched) or 'none'}.",
+            f"- Kept by torch.compile, not by memplan's matched plan: "
+            f"{', '.join(only_point) or 'none'}.",
+            f"- memplan's predicted step time: {matched['predicted_seconds'] * 1e3:.1f} ms for "
+            f"its matched plan, {replayed['predicted_seconds'] * 1e3:.1f} ms for the point's "
+            "decisions.",
+        ]
+        if case["not_in_torch_graph"]:
+            lines.append(
+                "- Not in torch.compile's graph (recomputed in the replay): "
+                + ", ".join(case["not_in_torch_graph"])
+                + "."
+            )
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    path = ROOT / "benchmarks" / "results" / "replay-cpu.json"
+    description = __doc__.splitlines()[0]
+    return section_benchmark(argv, description, path, PAGE, MARKERS, measure, markdown)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
