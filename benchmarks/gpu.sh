@@ -10,6 +10,8 @@
 #                                    BUDGETS and memplan's SHARES (default: the benchmark's;
 #                                    SHARES= set empty runs none; SKIP names memplan runs to
 #                                    leave out: least, matched, below)
+# REPLAY, model:budget cases (gpt2:0.2), then runs benchmarks.replay on them too: memplan
+# carrying out those torch.compile points' own decisions, bounded by REPLAY_SECONDS.
 # TESTS, a pytest -k expression, picks which of tests/test_gpu.py run (default: all).
 # TEST_SECONDS and BENCH_SECONDS bound each part, so that a slow part leaves the other its
 # time; the benchmark writes its JSON after each run, and each test's result is logged as
@@ -54,3 +56,14 @@ timeout "${BENCH_SECONDS:-270}" $python -m benchmarks.compiled --device cuda "$@
 echo "benchmark: exit $? after $(( $(date +%s) - started )) s"
 tr '\r' '\n' < "$out/bench.log" | grep -v "━" | tail -n 20
 tr '\r' '\n' < "$out/bench.log" | grep "━" | tail -n 1
+
+if [ -n "${REPLAY:-}" ]; then
+  started=$(date +%s)
+  sizes=bench
+  [ "$mode" = smoke ] && sizes=small
+  # shellcheck disable=SC2086  # a list of cases
+  timeout "${REPLAY_SECONDS:-270}" $python -m benchmarks.replay --device cuda --sizes $sizes \
+    --cases $REPLAY --out "$out/replay" > "$out/replay.log" 2>&1
+  echo "replay: exit $? after $(( $(date +%s) - started )) s"
+  tr '\r' '\n' < "$out/replay.log" | grep -v "━" | tail -n 20
+fi

@@ -1,5 +1,7 @@
-"""`python -m benchmarks.replay`: where memplan's matched plan is slower than a
-torch.compile point, is it memplan's decisions or how memplan carries them out?
+"""`python -m benchmarks.replay`: memplan carrying out a torch.compile point's decisions.
+
+Where memplan's matched plan is slower than a torch.compile point, is it memplan's
+decisions or how memplan carries them out?
 
 For each model and `activation_memory_budget` of CASES (the zoo at the head-to-head's
 sizes, benchmarks.models.SIZES), three runs, each compiled afresh on a copy of the model
@@ -17,19 +19,18 @@ as benchmarks.compiled compiles its runs:
 The two memplan runs are timed head to head against a twin of the point, compiled beside
 them (benchmarks.compiled's `Compiled._head_to_head`: the median over 11 pairs timed back
 to back). Per run: the allocator's peak of a steady step, what it recomputes and the
-gradients' distance from eager's. Writes benchmarks/results/replay-<device>.json and the
-section of docs/measurement.md between MARKERS. Run it alone: step times on a shared
-machine are noise.
+gradients' distance from eager's. Writes benchmarks/results/replay-<device>.json and that
+device's section of docs/measurement.md (between `markers(device)`), or both into
+`--out DIR`. The models train on CUDA where it is available (`--device`). Run it alone:
+step times on a shared machine are noise.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
-import sys
-import warnings
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,21 +38,21 @@ import torch._inductor.compile_fx as compile_fx
 from rich.progress import track
 from torch import fx
 
-from benchmarks.compiled import Compiled, CompiledRun
-from benchmarks.models import SIZES, Bench, machine
-from benchmarks.pages import section_benchmark
+from benchmarks.compiled import DEVICES, Compiled, CompiledRun, Outputs, command_line, sizes_of
+from benchmarks.models import Bench, machine
+from benchmarks.pages import write_section
 from memplan.errors import MemplanError
+from memplan.files import write_json_atomically
 from memplan.planner.plan_file import Plan
 from memplan.planner.views import is_view
 from memplan.tools.zoo import ZOO
 from memplan.units import format_bytes
 
-ROOT = Path(__file__).resolve().parents[1]
-PAGE = ROOT / "docs" / "measurement.md"
-MARKERS = ("<!-- replay: start -->", "<!-- replay: end -->")
-# (model, torch.compile's activation_memory_budget): the points memplan's matched run was
-# slowest against on the CPU head-to-head of 2026-11-28 (benchmarks/results/compiled-cpu.json).
-CASES = (("cnn", 0.8), ("resnet50", 0.6))
+PAGE = "measurement.md"
+# Per device, (model, torch.compile's activation_memory_budget): the points memplan's
+# matched run was slowest against in the head-to-head there (benchmarks/results/
+# compiled-cpu.json of 2026-11-28; compiled-cuda.json, on an H200, of 2026-11-27).
+CASES = {"cpu": ("cnn:0.8", "resnet50:0.6"), "cuda": ("gpt2:0.2",)}
 REPEATS = 5  # as benchmarks.compiled's default; the head to head takes 2 * 5 + 1 pairs
 SOLVER = "greedy"
 TIME_LIMIT = 60.0  # seconds per solve, as the head-to-head of 2026-11-28
@@ -152,9 +153,10 @@ def described(run: CompiledRun, plan: Plan | None = None) -> dict[str, Any]:
     return shown
 
 
-def replay(model: str, budget: float) -> dict[str, Any]:
-    """One case of CASES: the three runs of the module docstring."""
-    bench = Bench(ZOO[model](**SIZES[model]), REPEATS, TIME_LIMIT)
+def replay(model: str, budget: float, preset: str, device: str) -> dict[str, Any]:
+    """One case: the three runs of the module docstring, at the sizes of `preset`."""
+    sizes = sizes_of(model, preset)
+    bench = Bench(ZOO[model](**sizes).to(device), REPEATS, TIME_LIMIT)
     runner = Compiled(bench, SOLVER, TIME_LIMIT)
     runner.eager()
     with watched_partitioner() as saved:
@@ -173,7 +175,7 @@ def replay(model: str, budget: float) -> dict[str, Any]:
     return {
         "model": model,
         "point": setting,
-        "sizes": SIZES[model],
+        "sizes": sizes,
         "torch": described(point),
         "matched": described(matched, template),
         "replayed": described(replayed, applied),
@@ -181,17 +183,19 @@ def replay(model: str, budget: float) -> dict[str, Any]:
     }
 
 
-def measure() -> dict[str, Any]:
-    warnings.filterwarnings("ignore", category=UserWarning)
-    cases = [replay(m, b) for m, b in track(CASES, description="replaying torch's decisions")]
-    return {"machine": machine("cpu"), "repeats": REPEATS, "cases": cases}
+def case(text: str) -> tuple[str, float]:
+    """A case as given: "model:budget" (cnn:0.8)."""
+    model, _, budget = text.partition(":")
+    if model not in ZOO or not budget:
+        raise argparse.ArgumentTypeError(f"{text!r}: give model:budget, a model of the zoo")
+    return model, float(budget)
 
 
 def markdown(data: dict[str, Any]) -> str:
     """The section of docs/measurement.md (without its markers)."""
     where = data["machine"]
     lines = [
-        "## torch.compile's decisions, carried out by memplan",
+        f"## torch.compile's decisions, carried out by memplan, on {where['device_name']}",
         "",
         f"Written by `python -m benchmarks.replay` ({where['date']}, {where['device_name']}, "
         f"{where['cpu_threads']} threads, torch {where['torch']}); the raw figures are in "
@@ -208,6 +212,8 @@ def markdown(data: dict[str, Any]) -> str:
         point, matched, replayed = case["torch"], case["matched"], case["replayed"]
         lines += [
             f"### {case['model']} against torch.compile {case['point']}",
+            "",
+            "Sizes: " + ", ".join(f"{k} {v}" for k, v in case["sizes"].items()) + ".",
             "",
             "| run | measured peak | predicted | recomputed | step time vs the point "
             "| max grad error |",
@@ -244,11 +250,63 @@ def markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    path = ROOT / "benchmarks" / "results" / "replay-cpu.json"
-    description = __doc__.splitlines()[0]
-    return section_benchmark(argv, description, path, PAGE, MARKERS, measure, markdown)
+def markers(device: str) -> tuple[str, str]:
+    return (f"<!-- replay {device}: start -->", f"<!-- replay {device}: end -->")
+
+
+def write_report(data: dict[str, Any], outputs: Outputs) -> None:
+    """The device's section of docs/measurement.md (or of --out's measurement.md)."""
+    page = outputs.docs / PAGE
+    write_section(page, markdown(data), *markers(data["machine"]["device"]))
+
+
+def _options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--device",
+        choices=DEVICES,
+        default=machine()["device"],
+        help="where the models train (default: cuda where it is available); with "
+        "--report-only, whose figures to redraw",
+    )
+    parser.add_argument(
+        "--cases",
+        nargs="+",
+        type=case,
+        default=None,
+        help="model:budget pairs (default per device: "
+        + "; ".join(f"{d}: {' '.join(c)}" for d, c in CASES.items())
+        + ")",
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parsed = command_line(
+        parser,
+        argv,
+        sizes_help="bench: benchmarks.models.SIZES; small: a smoke run (needs --out)",
+        options=_options,
+        out_help="write the JSON and measurement.md here, not into the repository",
+        stem="replay",
+        report=write_report,
+    )
+    if parsed is None:
+        return
+    args, outputs, where, path = parsed
+    cases = args.cases or [case(c) for c in CASES[args.device]]
+    data = {
+        "machine": where,
+        "repeats": REPEATS,
+        "cases": [
+            replay(model, budget, args.sizes, args.device)
+            for model, budget in track(cases, description="replaying torch's decisions")
+        ],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomically(path, data)
+    write_report(data, outputs)
+    print(f"wrote {path} and {outputs.docs / PAGE}")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
