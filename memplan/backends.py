@@ -527,8 +527,9 @@ def backend(
 ) -> MemplanBackend:
     """A memplan backend for torch.compile with the given budget, solver and inner compiler
     (`inductor_config`: settings of torch._inductor.config to compile under). `reuse`
-    carries out a saved Plan's decisions instead of solving (as memplan.optimize's does);
-    the budget is then what the compiled graphs are checked against."""
+    carries out the decisions of a Plan a backend made (one of `plans`) instead of solving;
+    the budget is then what the compiled graphs are checked against. A plan of
+    memplan.optimize or the CLI is of another trace (PlanFileError)."""
     return MemplanBackend(budget, solver, inner, inductor_config, reuse, **options)
 
 

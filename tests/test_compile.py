@@ -477,11 +477,11 @@ def test_compiling_again_applies_the_kept_plan_without_solving_or_profiling(
 
 @pytest.mark.usefixtures("private_cache")
 def test_a_reused_plan_s_decisions_are_what_inductor_runs(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """`backend(reuse=plan)` carries out the plan's decisions, edited or not, without
-    solving: Inductor compiles them once (no rounds at other aims), trains like eager,
-    and the plan records its peak as compiled."""
+    """`backend(reuse=plan)` carries out a backend's plan, edited and saved or not,
+    without solving: Inductor compiles it once (no rounds at other aims), trains like
+    eager, and the plan records its peak as compiled."""
     example = ZOO["mlp"](batch=512)
     expected = eager_grads(example)
     tolerance = inductor_errors(example, expected)
@@ -492,10 +492,13 @@ def test_a_reused_plan_s_decisions_are_what_inductor_runs(
     kept = [name for name, decision in plan.decisions.items() if decision == "keep"]
     assert kept, "the plan at 60% keeps something to turn into a recomputation"
     edited = dataclasses.replace(plan, decisions={**plan.decisions, kept[0]: "recompute"})
+    edited.save(tmp_path / "graph0.json")
     monkeypatch.setattr(memplan.planner.solve, "get_solver", _must_not_run)
     compiles = _counted_compiles(monkeypatch)
     torch._dynamo.reset()
-    reused = memplan.backend(budget="100%", progress=False, reuse=edited)
+    reused = memplan.backend(
+        budget="100%", progress=False, reuse=Plan.load(tmp_path / "graph0.json")
+    )
     model = copy.deepcopy(example.model)
     train_step(torch.compile(model, backend=reused), example.inputs)()
     (applied,) = reused.plans
