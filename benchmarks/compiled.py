@@ -906,6 +906,11 @@ def _options(parser: argparse.ArgumentParser) -> None:
         default=PlanOptions().time_limit,
         help="seconds per solve (default: the backend's own, PlanOptions.time_limit)",
     )
+    add_device_option(parser)
+
+
+def add_device_option(parser: argparse.ArgumentParser) -> None:
+    """--device, for a benchmark whose models train on the CPU or a GPU."""
     parser.add_argument(
         "--device",
         choices=DEVICES,

@@ -32,14 +32,22 @@ import contextlib
 import dataclasses
 from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 import torch
 import torch._inductor.compile_fx as compile_fx
 from rich.progress import track
 from torch import fx
 
-from benchmarks.compiled import DEVICES, Compiled, CompiledRun, Outputs, command_line, sizes_of
-from benchmarks.models import Bench, machine
+from benchmarks.compiled import (
+    Compiled,
+    CompiledRun,
+    Outputs,
+    add_device_option,
+    command_line,
+    sizes_of,
+)
+from benchmarks.models import Bench
 from benchmarks.pages import write_section
 from memplan.errors import MemplanError
 from memplan.files import write_json_atomically
@@ -70,11 +78,6 @@ class Saved:
     names: set[str] = dataclasses.field(default_factory=set)
     roots: dict[str, str] = dataclasses.field(default_factory=dict)
 
-    def keeps(self, name: str) -> bool:
-        """Whether the storage of `name` is saved."""
-        saved_roots = {self.roots.get(s, s) for s in self.names}
-        return self.roots[name] in saved_roots
-
 
 @contextlib.contextmanager
 def watched_partitioner() -> Iterator[Saved]:
@@ -96,19 +99,9 @@ def watched_partitioner() -> Iterator[Saved]:
     with (
         torch._functorch.config.patch(enable_autograd_cache=False),
         torch._inductor.config.patch(fx_graph_cache=False),
-        _patched(compile_fx, "min_cut_rematerialization_partition", watched),
+        mock.patch.object(compile_fx, "min_cut_rematerialization_partition", watched),
     ):
         yield saved
-
-
-@contextlib.contextmanager
-def _patched(module: Any, name: str, value: Any) -> Iterator[None]:
-    before = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, before)
 
 
 def _root(node: fx.Node) -> fx.Node:
@@ -125,8 +118,9 @@ def torch_decisions(plan: Plan, saved: Saved) -> tuple[dict[str, str], list[str]
     rest; and the names memplan decides on that torch.compile's graph lacks (a copy
     memplan's rewrite added: recomputed)."""
     unknown = sorted(name for name in plan.decisions if name not in saved.roots)
+    saved_storages = {saved.roots.get(name, name) for name in saved.names}
     decisions = {
-        name: "keep" if name not in unknown and saved.keeps(name) else "recompute"
+        name: "keep" if saved.roots.get(name) in saved_storages else "recompute"
         for name in plan.decisions
     }
     return decisions, unknown
@@ -261,13 +255,7 @@ def write_report(data: dict[str, Any], outputs: Outputs) -> None:
 
 
 def _options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--device",
-        choices=DEVICES,
-        default=machine()["device"],
-        help="where the models train (default: cuda where it is available); with "
-        "--report-only, whose figures to redraw",
-    )
+    add_device_option(parser)
     parser.add_argument(
         "--cases",
         nargs="+",
