@@ -66,7 +66,9 @@ def can_recompute(n: fx.Node, mutated: set[fx.Node]) -> bool:
         return False
     if torch.Tag.nondeterministic_seeded in n.target.tags and not _without_dropout(n):
         return False
-    return not n.is_impure() and not n.target._schema.is_mutable
+    # Randomness was judged above: fx counts every seeded op as impure, attention without
+    # dropout too, which torch.compile's partitioner recomputes.
+    return not n.is_impure(impure_random=False) and not n.target._schema.is_mutable
 
 
 def _without_dropout(n: fx.Node) -> bool:
