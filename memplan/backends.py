@@ -74,6 +74,23 @@ def _inductor_decompositions() -> dict[Any, Callable[..., Any]]:
     return select_decomp_table()
 
 
+def _after_joint_passes(partitioner: Partitioner) -> Callable[..., Any]:
+    """`partitioner` given the joint graph as Inductor's joint-graph passes leave it (no-op
+    views and clones removed, uniform constants folded, its pattern rewrites, its seeded
+    random ops), as torch.compile's own partition step gives it to torch's partitioner:
+    memplan plans the graph Inductor compiles, under the names torch.compile's graphs
+    have."""
+
+    def partition(
+        joint: torch.fx.GraphModule, joint_inputs: Sequence[Any], **kwargs: Any
+    ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+        from torch._inductor.fx_passes.joint_graph import joint_graph_passes
+
+        return partitioner(joint_graph_passes(joint), joint_inputs, **kwargs)
+
+    return partition
+
+
 def _inductor(settings: dict[str, Any]) -> Callable[..., Any]:
     """Inductor's compile of one planned graph, under `settings` (torch._inductor.config)."""
 
@@ -141,6 +158,8 @@ class MemplanBackend:
         # default backend traces them): planned on the decomposed graph, the plan is of
         # the ops inductor is given.
         self.decompositions = _inductor_decompositions() if inner == "inductor" else None
+        # And with its joint-graph passes run first, as torch.compile's partition step does.
+        self.joint_passes = inner == "inductor"
         # A saved plan whose decisions every graph carries out instead of being solved
         # (a graph it was not made for is refused: PlanFileError).
         self.reuse = reuse
@@ -424,7 +443,9 @@ class MemplanBackend:
             compiled = aot_autograd(
                 fw_compiler=inner,
                 bw_compiler=inner,
-                partition_fn=partitioner,
+                partition_fn=(
+                    _after_joint_passes(partitioner) if self.joint_passes else partitioner
+                ),
                 decompositions=self.decompositions,
             )(gm, example_inputs)
         return compiled, inner if isinstance(inner, CompiledGraphs) else None
