@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 import torch._functorch.config as functorch_config
+import torch.utils._pytree as pytree
 from torch._dynamo.backends.common import aot_autograd
 
 from memplan.budget import Budget
@@ -86,9 +87,26 @@ def _after_joint_passes(partitioner: Partitioner) -> Callable[..., Any]:
     ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
         from torch._inductor.fx_passes.joint_graph import joint_graph_passes
 
-        return partitioner(joint_graph_passes(joint), joint_inputs, **kwargs)
+        devices = (t.device for t in pytree.tree_leaves(joint_inputs) if torch.is_tensor(t))
+        # Inductor sets its pattern rewrites up for the device of the first graph it sees.
+        device = next((d for d in devices if d.type != "meta"), None)
+        passed = joint_graph_passes(joint, device)
+        _traced_again(passed)
+        return partitioner(passed, joint_inputs, **kwargs)
 
     return partition
+
+
+def _traced_again(gm: torch.fx.GraphModule) -> None:
+    """Each node's value traced again, on the fake inputs the graph was traced with.
+    Inductor's rewrites can leave a node the value it had before them: on BERT, a view that
+    now reads another tensor kept a value viewing the one it read before, so lowering took
+    it for a storage of its own, and a second view of it for a view of the first."""
+    from torch._guards import detect_fake_mode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    inputs = [n.meta["val"] for n in gm.graph.find_nodes(op="placeholder")]
+    FakeTensorProp(gm, detect_fake_mode(inputs)).propagate_dont_convert_inputs(*inputs)
 
 
 def _inductor(settings: dict[str, Any]) -> Callable[..., Any]:
