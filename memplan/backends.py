@@ -91,21 +91,24 @@ def _after_joint_passes(partitioner: Partitioner) -> Callable[..., Any]:
         # Inductor sets its pattern rewrites up for the device of the first graph it sees.
         device = next((d for d in devices if d.type != "meta"), None)
         passed = joint_graph_passes(joint, device)
-        _traced_again(passed)
+        _traced_again(passed, pytree.tree_leaves(joint_inputs))
         return partitioner(passed, joint_inputs, **kwargs)
 
     return partition
 
 
-def _traced_again(gm: torch.fx.GraphModule) -> None:
-    """Each node's value traced again, on the fake inputs the graph was traced with.
-    Inductor's rewrites can leave a node the value it had before them: on BERT, a view that
-    now reads another tensor kept a value viewing the one it read before, so lowering took
-    it for a storage of its own, and a second view of it for a view of the first."""
+def _traced_again(gm: torch.fx.GraphModule, joint_inputs: Sequence[Any]) -> None:
+    """Each node's value traced again, on the fake inputs the graph was traced with (a
+    placeholder's own, or where the passes left it none, a symbolic size's, the joint
+    input in its place). Inductor's rewrites can leave a node the value it had before
+    them: on BERT, a view that now reads another tensor kept a value viewing the one it
+    read before, so lowering took it for a storage of its own, and a second view of it
+    for a view of the first."""
     from torch._guards import detect_fake_mode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-    inputs = [n.meta["val"] for n in gm.graph.find_nodes(op="placeholder")]
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    inputs = [n.meta.get("val", given) for n, given in zip(placeholders, joint_inputs, strict=True)]
     FakeTensorProp(gm, detect_fake_mode(inputs)).propagate_dont_convert_inputs(*inputs)
 
 
