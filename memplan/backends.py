@@ -87,11 +87,12 @@ def _after_joint_passes(partitioner: Partitioner) -> Callable[..., Any]:
     ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
         from torch._inductor.fx_passes.joint_graph import joint_graph_passes
 
-        devices = (t.device for t in pytree.tree_leaves(joint_inputs) if torch.is_tensor(t))
+        inputs = pytree.tree_leaves(joint_inputs)
+        devices = (t.device for t in inputs if torch.is_tensor(t))
         # Inductor sets its pattern rewrites up for the device of the first graph it sees.
         device = next((d for d in devices if d.type != "meta"), None)
         passed = joint_graph_passes(joint, device)
-        _traced_again(passed, pytree.tree_leaves(joint_inputs))
+        _traced_again(passed, inputs)
         return partitioner(passed, joint_inputs, **kwargs)
 
     return partition
