@@ -99,6 +99,8 @@ AT_PEAK_KEPT = 8  # groups of blocks kept from the peak of a run measured above 
 # How far above its prediction a run's peak must be for its blocks to be listed: bytes, not
 # a block (LLaMA's 32 B buffer that no graph reads, docs/measurement.md), are no list's.
 LISTED_ABOVE = 0.001
+# Seconds of back-to-back pairs a head-to-head timing fills, at least (head_to_head_pairs).
+HEAD_TO_HEAD_SECONDS = 30.0
 # --time-limit's default until 2026-11-27, when it became the backend's own: the models whose
 # entries do not record their limit were run at it.
 EARLIER_TIME_LIMIT = 20.0
@@ -129,11 +131,12 @@ class CompiledRun(Run):
     layout_optimization: list[bool] = field(default_factory=list)
     # A run timed head to head (the matched runs, each against its torch.compile point; the
     # below-least run, against the least one; torch.compile's first point, against itself,
-    # the noise floor): that point's setting, and the median over head_to_head_pairs pairs
-    # of this run's step time over a step of that point's twin, compiled beside it in the
-    # same process, each pair timed back to back.
+    # the noise floor): that point's setting, and the median over `against_pairs` pairs
+    # (head_to_head_pairs) of this run's step time over a step of that point's twin,
+    # compiled beside it in the same process, each pair timed back to back.
     against: str = ""
     against_ratio: float | None = None
+    against_pairs: int = 0
 
     @property
     def prediction_error(self) -> float | None:
@@ -190,10 +193,17 @@ class Compiled:
     """One model's runs through torch.compile, each on a fresh copy of the model, measured
     against Bench's eager gradients."""
 
-    def __init__(self, bench: Bench, solver: str, time_limit: float) -> None:
+    def __init__(
+        self,
+        bench: Bench,
+        solver: str,
+        time_limit: float,
+        head_to_head_seconds: float = HEAD_TO_HEAD_SECONDS,
+    ) -> None:
         self.bench = bench
         self.solver = solver
         self.time_limit = time_limit
+        self.head_to_head_seconds = head_to_head_seconds  # what each head-to-head fills
         self.eager_seconds: float | None = None  # eager's median step, set by eager()
         self.plans: list[Plan] = []  # the plans of the last memplan run, set by memplan()
 
@@ -317,7 +327,8 @@ class Compiled:
                     held = live_at_peak(step, device)[:AT_PEAK_KEPT]
                 graphs = compiled_graphs() - before  # the twin's graph is not the run's
                 same = run.method == "pytorch"
-                against_ratio = self._head_to_head(step, against, same) if against else None
+                pairs = self._pairs(raw) if against else 0
+                against_ratio = self._head_to_head(step, against, pairs, same) if against else None
         except Exception as failure:
             seconds = time.perf_counter() - started
             return dataclasses.replace(
@@ -335,6 +346,7 @@ class Compiled:
             at_peak=[[g.nbytes, g.count, g.site] for g in held],
             against=against,
             against_ratio=against_ratio,
+            against_pairs=pairs,
         )
 
     def _eager_seconds(self) -> float:
@@ -343,11 +355,15 @@ class Compiled:
             raise MemplanError("a run was timed before eager's, the unit of its time")
         return self.eager_seconds
 
+    def _pairs(self, step_seconds: float) -> int:
+        """The pairs a head-to-head timing of a step of `step_seconds` takes."""
+        return head_to_head_pairs(self.bench.repeats, step_seconds, self.head_to_head_seconds)
+
     def _head_to_head(
-        self, step: Callable[[], None], setting: str, same_backend: bool = False
+        self, step: Callable[[], None], setting: str, pairs: int, same_backend: bool = False
     ) -> float:
-        """The median, over head_to_head_pairs(repeats) pairs timed back to back, of
-        `step`'s time over a step of torch.compile at activation memory budget `setting`,
+        """The median, over `pairs` pairs timed back to back (which runs first alternating),
+        of `step`'s time over a step of torch.compile at activation memory budget `setting`,
         compiled here on another copy of the model. Paired with eager, each run's time
         carries two medians' noise, wider on a shared 2-core CPU than the 2% of slack the
         first target allows: CNN's matched 0.8 and 0.6 runs of 2026-11-28, one plan (same
@@ -365,7 +381,8 @@ class Compiled:
                 step,
                 twin,
                 device=self.bench.device,
-                repeats=head_to_head_pairs(self.bench.repeats),
+                repeats=pairs,
+                alternate=True,
             )
         twins = compiled_graphs() - before
         if twins > 1 or (twins == 0 and not same_backend):
@@ -418,7 +435,7 @@ def bench_model(
     try:  # builds the model and takes eager's gradients, the reference of every run
         example = ZOO[name](**sizes_of(name, preset)).to(config.device)
         bench = Bench(example, config.repeats, config.time_limit)
-        runner = Compiled(bench, config.solver, config.time_limit)
+        runner = Compiled(bench, config.solver, config.time_limit, config.head_to_head_seconds)
         runs = [runner.eager()]
     except Exception as error:  # nothing to compare with: the model's other runs are void
         runs = [CompiledRun(name, "eager", "", None, f"error: {one_line(error)}")]
@@ -618,7 +635,9 @@ def section_text(saved: dict[str, Any]) -> str:
         "torch.compile's least were also timed head to head (from 2026-11-28), a table "
         "asks the targets again of them alone: each such run and a twin of its "
         "torch.compile point, compiled side by side in one process, timed back to back "
-        f"over {head_to_head_pairs(saved['repeats'])} pairs, judged on the median of "
+        f"over at least {2 * saved['repeats'] + 1} pairs (from the second rerun of "
+        f"2026-11-28, as many as fill {HEAD_TO_HEAD_SECONDS:g} s, which of the two runs "
+        "first alternating; the pairs column), judged on the median of "
         "memplan's step over the point's. Two runs timed apart each carry their own "
         "noise (two runs of one plan can read further apart than the 2% of slack), so "
         "where the verdicts differ, the head-to-head ones are to be trusted; each model's "
@@ -640,10 +659,16 @@ def section_text(saved: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def head_to_head_pairs(repeats: int) -> int:
-    """Pairs a head-to-head timing takes where a run's own takes `repeats`: more, as the
-    verdict of a target rests on it alone."""
-    return 2 * repeats + 1
+def head_to_head_pairs(
+    repeats: int, step_seconds: float, seconds: float = HEAD_TO_HEAD_SECONDS
+) -> int:
+    """Pairs a head-to-head timing takes where a run's own takes `repeats` and its step
+    `step_seconds`: more, as the verdict of a target rests on it alone, and as many as fill
+    `seconds`. One pair's ratio scatters by about 5% on a 2-core CPU (ResNet-50,
+    2026-11-28: a torch.compile step against a twin of itself, 40 pairs), so the median of
+    11 can read 2% off, the whole of the first target's slack (that model's noise floor
+    read x1.042 over 11); the median of 100 or more, about 0.5%."""
+    return max(2 * repeats + 1, math.ceil(seconds / (2 * step_seconds)))
 
 
 def head_to_head(runs: list[CompiledRun]) -> list[str]:
@@ -663,8 +688,9 @@ def head_to_head(runs: list[CompiledRun]) -> list[str]:
         "in one process and timed back to back (the step time column is the median of "
         "memplan's step over the point's):",
         "",
-        "| memplan run | its peak | torch.compile point | its peak | step time | dominates |",
-        "|---|---|---|---|---|---|",
+        "| memplan run | its peak | torch.compile point | its peak | step time | pairs "
+        "| dominates |",
+        "|---|---|---|---|---|---|---|",
     ]
     dominated: list[str] = []
     missed: list[str] = []
@@ -678,7 +704,7 @@ def head_to_head(runs: list[CompiledRun]) -> list[str]:
             (dominated if dominates else missed).append(point.setting)
         lines.append(
             f"| {run.label} | {format_bytes(run.measured_peak)} | {point.label} | "
-            f"{format_bytes(point.measured_peak)} | x{ratio:.3f} | "
+            f"{format_bytes(point.measured_peak)} | x{ratio:.3f} | {run.against_pairs} | "
             f"{'yes' if dominates else 'no'} |"
         )
     lines.append("")
@@ -707,7 +733,7 @@ def head_to_head(runs: list[CompiledRun]) -> list[str]:
     if floor is not None:
         lines.append(
             f"- The noise floor: {floor.label} timed the same way against a twin of itself "
-            f"read x{floor.against_ratio:.3f}."
+            f"read x{floor.against_ratio:.3f} over {floor.against_pairs} pairs."
         )
     return [*lines, ""]
 
@@ -900,6 +926,13 @@ def _options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--solver", choices=SOLVERS, default="greedy", help="memplan's solver")
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per run (median)")
+    parser.add_argument(
+        "--head-to-head-seconds",
+        type=float,
+        default=HEAD_TO_HEAD_SECONDS,
+        help="seconds of back-to-back pairs each head-to-head timing fills (at least "
+        "2 x repeats + 1 pairs; 0 for a smoke run)",
+    )
     parser.add_argument(
         "--time-limit",
         type=float,

@@ -190,7 +190,9 @@ def test_head_to_head_judges_each_run_against_its_own_point():
     from benchmarks.compiled import BELOW_LEAST, CompiledRun, head_to_head
 
     def compiled(r: Run, against: str = "", ratio: float | None = None) -> CompiledRun:
-        return CompiledRun(**{**asdict(r), "against": against, "against_ratio": ratio})
+        pairs = 11 if against else 0
+        fields = {"against": against, "against_ratio": ratio, "against_pairs": pairs}
+        return CompiledRun(**{**asdict(r), **fields})
 
     points = [compiled(p) for p in PYTORCH]  # 80 MiB and 60 MiB
     assert head_to_head([compiled(EAGER), *points]) == []  # runs taken before the pairing
@@ -199,12 +201,12 @@ def test_head_to_head_judges_each_run_against_its_own_point():
     below = compiled(run("memplan", BELOW_LEAST, 44, 10, 45), "0.2", 1.0)
     lines = head_to_head([compiled(EAGER), *points, within, slower, below])
     assert (
-        "| memplan greedy matched 1.0 | 79.00 MiB | pytorch 1.0 | 80.00 MiB | x1.019 | yes |"
-        in lines
+        "| memplan greedy matched 1.0 | 79.00 MiB | pytorch 1.0 | 80.00 MiB | x1.019 | 11 "
+        "| yes |" in lines
     )
     assert (
-        "| memplan greedy matched 0.2 | 59.00 MiB | pytorch 0.2 | 60.00 MiB | x1.021 | no |"
-        in lines
+        "| memplan greedy matched 0.2 | 59.00 MiB | pytorch 0.2 | 60.00 MiB | x1.021 | 11 "
+        "| no |" in lines
     )
     assert "- Head to head, memplan's matched runs dominate 1 of 2 torch.compile points" in "".join(
         lines
@@ -221,8 +223,16 @@ def test_head_to_head_judges_each_run_against_its_own_point():
     assert (
         "- The noise floor: pytorch 1.0 timed the same way against a twin of itself " in floor[-2]
     )
-    assert floor[-2].endswith("read x0.970.")
+    assert floor[-2].endswith("read x0.970 over 11 pairs.")
     assert sum("| pytorch 1.0 |" in line for line in floor) == 1  # judged rows: memplan's
+
+
+def test_head_to_head_pairs_fill_their_time_and_never_fall_below_the_least():
+    from benchmarks.compiled import HEAD_TO_HEAD_SECONDS, head_to_head_pairs
+
+    assert head_to_head_pairs(5, step_seconds=10.0) == 11  # a slow step: the least
+    fast = head_to_head_pairs(5, step_seconds=0.085)  # ResNet-50's step on this CPU
+    assert fast * 2 * 0.085 >= HEAD_TO_HEAD_SECONDS > (fast - 1) * 2 * 0.085
 
 
 def test_runs_timed_head_to_head_against_a_twin_compiled_beside_them():
@@ -235,10 +245,10 @@ def test_runs_timed_head_to_head_against_a_twin_compiled_beside_them():
     from memplan.tools.zoo import ZOO
 
     bench = Bench(ZOO["cnn"](**sizes_of("cnn", "small")), 3, 20.0)
-    runner = Compiled(bench, "greedy", 20.0)
+    runner = Compiled(bench, "greedy", 20.0, head_to_head_seconds=0.0)  # the least pairs
     runner.eager()
     point = runner.pytorch(1.0, against_itself=True)
-    assert point.status == "ok" and point.against == "1.0"
+    assert point.status == "ok" and point.against == "1.0" and point.against_pairs == 7
     assert point.against_ratio is not None and 0 < point.against_ratio < 10
     assert point.measured_peak is not None
     matched = runner.memplan("matched 1.0", point.measured_peak, against="1.0")

@@ -179,6 +179,20 @@ def test_paired_step_seconds_is_the_steps_time_over_the_references():
     assert 1.4 < ratio < 2.6
 
 
+def test_alternate_pairs_put_the_step_first_in_every_other_pair():
+    calls: list[str] = []
+    paired_step_seconds(
+        lambda: calls.append("step"),
+        lambda: calls.append("reference"),
+        device=CPU,
+        repeats=4,
+        warmup=1,
+        alternate=True,
+    )
+    # The warm-up pair, then pairs with the reference first and second by turns.
+    assert calls == ["reference", "step"] + ["reference", "step", "step", "reference"] * 2
+
+
 def test_the_allocator_skips_frees_of_blocks_from_before_the_step():
     # The profiler reports the free of a block it saw allocated in an earlier session;
     # counted, it would pull the level below the step's start and hide the step's peak.

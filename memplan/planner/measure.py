@@ -176,17 +176,25 @@ def paired_step_seconds(
     device: torch.device,
     repeats: int = 5,
     warmup: int = 2,
+    alternate: bool = False,
 ) -> tuple[float, float]:
     """`step()`'s median wall time, and the median of its time over `reference()`'s, each
     pair timed back to back, after `warmup` unrecorded pairs. On a shared machine whose
     speed drifts over a long benchmark, the ratio compares steps timed minutes apart: the
-    drift slows both of a pair alike."""
+    drift slows both of a pair alike. The reference runs first in each pair; with
+    `alternate`, in every other pair only, so that whatever the first of two steps gains
+    or loses over the second (caches, the allocator's free lists) favours neither."""
     device = torch.device(device)
     for _ in range(warmup):
         reference()
         step()
     seconds, ratios = [], []
-    for _ in range(repeats):
+    for pair in range(repeats):
+        if alternate and pair % 2:
+            seconds.append(_timed(step, device))
+            after = _timed(reference, device)
+            ratios.append(seconds[-1] / after)
+            continue
         before = _timed(reference, device)
         seconds.append(_timed(step, device))
         ratios.append(seconds[-1] / before)
