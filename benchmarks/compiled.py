@@ -667,7 +667,7 @@ def head_to_head_pairs(
     `seconds`. One pair's ratio scatters by about 5% on a 2-core CPU (ResNet-50,
     2026-11-28: a torch.compile step against a twin of itself, 40 pairs), so the median of
     11 can read 2% off, the whole of the first target's slack (that model's noise floor
-    read x1.042 over 11); the median of 100 or more, about 0.5%."""
+    read x1.042 over 11); the median of 100, about 0.7%."""
     return max(2 * repeats + 1, math.ceil(seconds / (2 * step_seconds)))
 
 
