@@ -124,7 +124,9 @@ def test_milp_stages_cannot_express_a_sequence_out_of_node_order():
     assert not milp_model.set_start(stages, model, [0, 1, 2, 0])  # a recomputation after the end
 
 
-def test_cpsat_hinted_by_the_director_finds_a_point_on_the_100_node_graph():
+def test_cpsat_hinted_by_the_director_finds_a_point_on_the_100_node_graph(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Hinted with an order without recomputation, cpsat found no point within 20 s on
     random_layered_n100 at 0.9; hinted with the director's sequence it has one at once and
     improves on it."""
@@ -132,6 +134,11 @@ def test_cpsat_hinted_by_the_director_finds_a_point_on_the_100_node_graph():
     options = SolverOptions(problem="general", time_limit=5.0)
     start = warm_start.director_sequence(graph, budget, options)
     assert start is not None and max(Counter(start).values()) <= cpsat_remat.COPIES
+    # The director runs against a clock (a share of time_limit), so a second call can
+    # return another sequence: in a fresh-clone run beside other work, cpsat's own start
+    # was not this one, and its result (47869) was slower than this start (47769). cpsat
+    # is handed this one, the one it is judged against.
+    monkeypatch.setattr(warm_start, "director_sequence", lambda *args: start)
     result = cpsat.solve(graph, budget, options)
     # With the director's memory-aware orders its start may need no recomputation, which
     # phase 2 then proves optimal at once.
