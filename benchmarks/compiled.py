@@ -327,8 +327,9 @@ class Compiled:
                     held = live_at_peak(step, device)[:AT_PEAK_KEPT]
                 graphs = compiled_graphs() - before  # the twin's graph is not the run's
                 same = run.method == "pytorch"
-                pairs = self._pairs(raw) if against else 0
-                against_ratio = self._head_to_head(step, against, pairs, same) if against else None
+                against_ratio, pairs = (
+                    self._head_to_head(step, raw, against, same) if against else (None, 0)
+                )
         except Exception as failure:
             seconds = time.perf_counter() - started
             return dataclasses.replace(
@@ -355,16 +356,17 @@ class Compiled:
             raise MemplanError("a run was timed before eager's, the unit of its time")
         return self.eager_seconds
 
-    def _pairs(self, step_seconds: float) -> int:
-        """The pairs a head-to-head timing of a step of `step_seconds` takes."""
-        return head_to_head_pairs(self.bench.repeats, step_seconds, self.head_to_head_seconds)
-
     def _head_to_head(
-        self, step: Callable[[], None], setting: str, pairs: int, same_backend: bool = False
-    ) -> float:
-        """The median, over `pairs` pairs timed back to back (which runs first alternating),
-        of `step`'s time over a step of torch.compile at activation memory budget `setting`,
-        compiled here on another copy of the model. Paired with eager, each run's time
+        self,
+        step: Callable[[], None],
+        step_seconds: float,
+        setting: str,
+        same_backend: bool = False,
+    ) -> tuple[float, int]:
+        """The median, over head_to_head_pairs pairs timed back to back (which runs first
+        alternating), of `step`'s time (about `step_seconds`) over a step of torch.compile
+        at activation memory budget `setting`, compiled here on another copy of the model,
+        and the count of pairs. Paired with eager, each run's time
         carries two medians' noise, wider on a shared 2-core CPU than the 2% of slack the
         first target allows: CNN's matched 0.8 and 0.6 runs of 2026-11-28, one plan (same
         peak and decisions), read 451.0 and 491.2 ms (benchmarks/results/compiled-cpu.json).
@@ -372,6 +374,7 @@ class Compiled:
         graphs serve the other's calls, or it is the same (`same_backend`, a point against
         itself) and the twin may run `step`'s graph. More compiled graphs than the twin's
         (a recompile) fail the run."""
+        pairs = head_to_head_pairs(self.bench.repeats, step_seconds, self.head_to_head_seconds)
         model = copy.deepcopy(self.bench.model)
         before = compiled_graphs()
         with torch._functorch.config.patch(activation_memory_budget=float(setting)):
@@ -387,7 +390,7 @@ class Compiled:
         twins = compiled_graphs() - before
         if twins > 1 or (twins == 0 and not same_backend):
             raise MemplanError(f"{twins} graphs compiled for a head-to-head twin, not 1")
-        return ratio
+        return ratio, pairs
 
     def _paired_seconds(self, step: Callable[[], None]) -> tuple[float, float]:
         """`step`'s median time, and its median over an eager step's timed just before
@@ -635,7 +638,7 @@ def section_text(saved: dict[str, Any]) -> str:
         "torch.compile's least were also timed head to head (from 2026-11-28), a table "
         "asks the targets again of them alone: each such run and a twin of its "
         "torch.compile point, compiled side by side in one process, timed back to back "
-        f"over at least {2 * saved['repeats'] + 1} pairs (from the second rerun of "
+        f"over at least {least_pairs(saved['repeats'])} pairs (from the second rerun of "
         f"2026-11-28, as many as fill {HEAD_TO_HEAD_SECONDS:g} s, which of the two runs "
         "first alternating; the pairs column), judged on the median of "
         "memplan's step over the point's. Two runs timed apart each carry their own "
@@ -659,16 +662,22 @@ def section_text(saved: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def least_pairs(repeats: int) -> int:
+    """The fewest pairs a head-to-head timing takes where a run's own takes `repeats`:
+    more, as the verdict of a target rests on it alone."""
+    return 2 * repeats + 1
+
+
 def head_to_head_pairs(
     repeats: int, step_seconds: float, seconds: float = HEAD_TO_HEAD_SECONDS
 ) -> int:
     """Pairs a head-to-head timing takes where a run's own takes `repeats` and its step
-    `step_seconds`: more, as the verdict of a target rests on it alone, and as many as fill
-    `seconds`. One pair's ratio scatters by about 5% on a 2-core CPU (ResNet-50,
-    2026-11-28: a torch.compile step against a twin of itself, 40 pairs), so the median of
+    `step_seconds`: least_pairs, or as many as fill `seconds`. One pair's ratio scatters
+    by about 5% on a 2-core CPU (a one-off probe, ResNet-50, 2026-11-28: a torch.compile
+    step against a twin of itself, 40 pairs), so the median of
     11 can read 2% off, the whole of the first target's slack (that model's noise floor
     read x1.042 over 11); the median of 100, about 0.7%."""
-    return max(2 * repeats + 1, math.ceil(seconds / (2 * step_seconds)))
+    return max(least_pairs(repeats), math.ceil(seconds / (2 * step_seconds)))
 
 
 def head_to_head(runs: list[CompiledRun]) -> list[str]:

@@ -45,6 +45,7 @@ from benchmarks.compiled import (
     Outputs,
     add_device_option,
     command_line,
+    least_pairs,
     sizes_of,
 )
 from benchmarks.models import Bench
@@ -151,7 +152,7 @@ def replay(model: str, budget: float, preset: str, device: str) -> dict[str, Any
     """One case: the three runs of the module docstring, at the sizes of `preset`."""
     sizes = sizes_of(model, preset)
     bench = Bench(ZOO[model](**sizes).to(device), REPEATS, TIME_LIMIT)
-    # The least pairs per head-to-head (2 x REPEATS + 1): a case must fit a short GPU call.
+    # The least pairs per head-to-head (least_pairs): a case must fit a short GPU call.
     runner = Compiled(bench, SOLVER, TIME_LIMIT, head_to_head_seconds=0.0)
     runner.eager()
     with watched_partitioner() as saved:
@@ -199,7 +200,7 @@ def markdown(data: dict[str, Any]) -> str:
         "(\"matched\"); and memplan's backend carrying out the point's own decisions "
         "(`memplan.backend(reuse=...)`: kept where the point saves, recomputed where not). "
         "Step time: the median over "
-        f"{2 * data['repeats'] + 1} pairs of the run's step over a twin of the point's, "
+        f"{least_pairs(data['repeats'])} pairs of the run's step over a twin of the point's, "
         "compiled beside it and timed back to back.",
         "",
     ]

@@ -191,13 +191,13 @@ def paired_step_seconds(
     seconds, ratios = [], []
     for pair in range(repeats):
         if alternate and pair % 2:
-            seconds.append(_timed(step, device))
-            after = _timed(reference, device)
-            ratios.append(seconds[-1] / after)
-            continue
-        before = _timed(reference, device)
-        seconds.append(_timed(step, device))
-        ratios.append(seconds[-1] / before)
+            took = _timed(step, device)
+            other = _timed(reference, device)
+        else:
+            other = _timed(reference, device)
+            took = _timed(step, device)
+        seconds.append(took)
+        ratios.append(took / other)
     return statistics.median(seconds), statistics.median(ratios)
 
 
