@@ -485,7 +485,7 @@ def bench_model(
     measured = [r for r in runs if r.method == "pytorch" and r.measured]
     if measured:
         least = smallest_point(measured)
-        below = math.floor((1 - LOWER_REQUIRED) * least.measured_peak)  # type: ignore[operator]
+        below = below_least_budget(least.measured_peak)  # type: ignore[arg-type]
         runs.append(runner.memplan(BELOW_LEAST, below, against=least.setting))
     else:  # counted in runs_per_model, so recorded as the matched runs are
         runs.append(
@@ -496,6 +496,25 @@ def bench_model(
         )  # fmt: skip
     advance(runs, 1)
     return runs
+
+
+def below_least_budget(least_peak: int) -> int:
+    """The budget of the run below torch.compile's least measured peak: LOWER_REQUIRED
+    below it. A run records the budget it was planned for, which where this one is
+    infeasible is the least peak its planner reported instead."""
+    return math.floor((1 - LOWER_REQUIRED) * least_peak)
+
+
+def dominates(peak: int, point_peak: int, ratio: float) -> bool:
+    """The first target, of a run timed head to head against a torch.compile point: no
+    higher peak, and its step within SLOWER_ALLOWED of the point's."""
+    return peak <= point_peak and ratio <= 1 + SLOWER_ALLOWED
+
+
+def far_enough_below(peak: int, point_peak: int, ratio: float) -> bool:
+    """The second target, of a run timed head to head against torch.compile's point of
+    least peak: LOWER_REQUIRED lower, its step no slower."""
+    return 1 - peak / point_peak >= LOWER_REQUIRED and ratio <= 1
 
 
 def runs_per_model(config: argparse.Namespace) -> int:
@@ -645,7 +664,13 @@ def section_text(saved: dict[str, Any]) -> str:
         "noise (two runs of one plan can read further apart than the 2% of slack), so "
         "where the verdicts differ, the head-to-head ones are to be trusted; each model's "
         "noise floor, its first torch.compile point timed the same way against a twin of "
-        "itself, says how far from x1 two equal steps read.",
+        "itself, says how far from x1 two equal steps read in one process. Pairs cancel "
+        "the drift within a process, not what differs between processes: one plan, "
+        "compiled to the same code, has read about 5% apart in fresh processes, more than "
+        "the slack, which a twin sharing its point's code cannot show. "
+        "`python -m benchmarks.across_processes` runs each head-to-head again in fresh "
+        "processes and judges on the median over them "
+        "([measurement](measurement.md#the-head-to-head-across-fresh-processes)).",
         "",
     ]
     for model, found in saved["models"].items():
@@ -708,13 +733,13 @@ def head_to_head(runs: list[CompiledRun]) -> list[str]:
         ratio = run.against_ratio
         assert ratio is not None and run.measured_peak is not None
         assert point.measured_peak is not None
-        dominates = run.measured_peak <= point.measured_peak and ratio <= 1 + SLOWER_ALLOWED
+        held = dominates(run.measured_peak, point.measured_peak, ratio)
         if run.setting != BELOW_LEAST:
-            (dominated if dominates else missed).append(point.setting)
+            (dominated if held else missed).append(point.setting)
         lines.append(
             f"| {run.label} | {format_bytes(run.measured_peak)} | {point.label} | "
             f"{format_bytes(point.measured_peak)} | x{ratio:.3f} | {run.against_pairs} | "
-            f"{'yes' if dominates else 'no'} |"
+            f"{'yes' if held else 'no'} |"
         )
     lines.append("")
     if dominated or missed:
@@ -730,7 +755,7 @@ def head_to_head(runs: list[CompiledRun]) -> list[str]:
         assert below.measured_peak is not None and point.measured_peak is not None
         assert below.against_ratio is not None
         lower = 1 - below.measured_peak / point.measured_peak
-        met = lower >= LOWER_REQUIRED and below.against_ratio <= 1
+        met = far_enough_below(below.measured_peak, point.measured_peak, below.against_ratio)
         lines.append(
             f"- Head to head at torch.compile's smallest peak ({point.label}, "
             f"{format_bytes(point.measured_peak)}): {below.label} peaks "
@@ -907,6 +932,26 @@ def command_line(
     where = machine(device)
     warnings.filterwarnings("ignore", category=UserWarning)
     return args, outputs, where, path
+
+
+def measurement_command_line(
+    parser: argparse.ArgumentParser,
+    argv: list[str] | None,
+    options: Callable[[argparse.ArgumentParser], None],
+    stem: str,
+    report: Callable[[dict[str, Any], Outputs], None],
+) -> tuple[argparse.Namespace, Outputs, dict[str, Any], Path] | None:
+    """command_line for a benchmark at the head-to-head's sizes that writes one JSON and
+    its section of docs/measurement.md."""
+    return command_line(
+        parser,
+        argv,
+        sizes_help="bench: benchmarks.models.SIZES; small: a smoke run (needs --out)",
+        options=options,
+        out_help="write the JSON and measurement.md here, not into the repository",
+        stem=stem,
+        report=report,
+    )
 
 
 def _options(parser: argparse.ArgumentParser) -> None:

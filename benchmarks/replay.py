@@ -44,8 +44,8 @@ from benchmarks.compiled import (
     CompiledRun,
     Outputs,
     add_device_option,
-    command_line,
     least_pairs,
+    measurement_command_line,
     sizes_of,
 )
 from benchmarks.models import Bench
@@ -271,15 +271,7 @@ def _options(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parsed = command_line(
-        parser,
-        argv,
-        sizes_help="bench: benchmarks.models.SIZES; small: a smoke run (needs --out)",
-        options=_options,
-        out_help="write the JSON and measurement.md here, not into the repository",
-        stem="replay",
-        report=write_report,
-    )
+    parsed = measurement_command_line(parser, argv, _options, "replay", write_report)
     if parsed is None:
         return
     args, outputs, where, path = parsed
