@@ -1,5 +1,4 @@
-"""`python -m benchmarks.across_processes`: benchmarks.compiled's head-to-heads, each run
-again in fresh processes.
+"""`python -m benchmarks.across_processes`: the compiled head-to-heads, in fresh processes.
 
 A head-to-head's back-to-back pairs cancel the machine's drift within one process, not
 what differs from one process to the next. ResNet-50's plan at torch.compile 0.8's peak
@@ -180,9 +179,9 @@ def markdown(data: dict[str, Any]) -> str:
             "are from benchmarks.compiled's run of "
             f"{found['compiled_date']}.",
             "",
-            "| run | torch.compile point | its peak | peak per process | ratio per process "
-            "| median | single process | verdict |",
-            "|---|---|---|---|---|---|---|---|",
+            "| run | budget | torch.compile point | its peak | peak per process "
+            "| ratio per process | median | single process | verdict |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for case in found["cases"]:
             ratio = median_ratio(case)
@@ -190,11 +189,20 @@ def markdown(data: dict[str, Any]) -> str:
             single = case["single"]
             peaks = ", ".join(format_bytes(p["peak"]) if p["peak"] else "-" for p in processes)
             ratios = ", ".join(_ratio(p) for p in processes)
+            budget = "-" if case["budget"] is None else format_bytes(case["budget"])
             lines.append(
-                f"| {case['setting']} | {case['against']} | {format_bytes(case['point_peak'])} "
+                f"| {case['setting']} | {budget} | {case['against']} "
+                f"| {format_bytes(case['point_peak'])} "
                 f"| {peaks} | {ratios} | {'-' if ratio is None else f'x{ratio:.3f}'} "
-                f"| x{single['ratio']:.3f} ({single['pairs']} pairs) | {verdict(case)} |"
+                f"| x{single['ratio']:.3f} at {format_bytes(single['peak'])} "
+                f"({single['pairs']} pairs) | {verdict(case)} |"
             )
+        verdicts = [verdict(c) for c in found["cases"] if c["setting"].startswith("matched")]
+        held = verdicts.count("dominates")
+        lines += [
+            "",
+            f"- On the medians, memplan's matched runs dominate {held} of {len(verdicts)}.",
+        ]
         failed = [p["status"] for c in found["cases"] for p in c["processes"] if p["ratio"] is None]
         lines += (
             [""] + [f"- A process failed: {status}" for status in failed] + ([""] if failed else [])
@@ -235,7 +243,9 @@ def _options(parser: argparse.ArgumentParser) -> None:
         "--settings",
         nargs="+",
         default=None,
-        help=f'only these cases, by setting ("matched 0.8", "{BELOW_LEAST}", "{FLOOR}"); '
+        # argparse formats help with %: the setting's own is escaped.
+        help=f'only these cases, by setting ("matched 0.8", "{BELOW_LEAST.replace("%", "%%")}", '
+        f'"{FLOOR}"); '
         "the model's other cases keep their earlier figures",
     )
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a case's process

@@ -97,8 +97,10 @@ def test_a_process_that_fails_is_recorded_and_shown() -> None:
         },
     }
     page = markdown(data)
-    row = "| matched 0.8 | 0.8 | 80.00 MiB | 79.00 MiB, - | x1.020 (20), failed | x1.020 "
-    assert row + "| x1.030 (30 pairs) | - |" in page
+    row = "| matched 0.8 | 80.00 MiB | 0.8 | 80.00 MiB | 79.00 MiB, - | x1.020 (20), failed "
+    row += "| x1.020 "
+    assert row + "| x1.030 at 79.00 MiB (30 pairs) | - |" in page
+    assert "- On the medians, memplan's matched runs dominate 0 of 1." in page
     assert f"- A process failed: {failed['status']}" in page
     assert "Measured 2026-11-28; the cases are from benchmarks.compiled's run of 2026-11-27" in page
 
@@ -134,3 +136,12 @@ def test_a_rerun_of_chosen_cases_keeps_the_others(
     assert floor["date"] == "2026-11-27" and matched["date"] == "2026-11-28"
     assert [p["ratio"] for p in matched["processes"]] == [0.99, 0.99]
     assert json.loads(path.read_text()) == data
+
+
+def test_the_command_line_explains_itself(capsys: pytest.CaptureFixture[str]) -> None:
+    """--help prints every option, the cases' settings among them."""
+    with pytest.raises(SystemExit) as done:
+        across_processes.main(["--help"])
+    assert done.value.code == 0
+    shown = " ".join(capsys.readouterr().out.split())  # as wrapped to the terminal
+    assert "--settings" in shown and "75% of pytorch least" in shown and "--processes" in shown
