@@ -90,12 +90,13 @@ def cases(compiled: dict[str, Any], model: str) -> list[dict[str, Any]]:
 
 
 def _asked(run: dict[str, Any], points: dict[str, dict[str, Any]]) -> int | None:
-    """The budget `run` was asked to plan for (None for a torch.compile point): where the
-    run below torch.compile's least was infeasible, its JSON records the least peak its
-    planner reported in its place."""
-    if run["setting"] == BELOW_LEAST:
-        return below_least_budget(points[run["against"]]["measured_peak"])
-    return run["budget"]
+    """The budget `run` was asked to plan for, as benchmarks.compiled's bench_model asks
+    it from its point's peak (None for a torch.compile point). Not the JSON's budget: for
+    a run that was infeasible, that is the least peak its planner reported instead."""
+    if run["method"] == "pytorch":
+        return None
+    point_peak = points[run["against"]]["measured_peak"]
+    return below_least_budget(point_peak) if run["setting"] == BELOW_LEAST else point_peak
 
 
 def one_process(spec: dict[str, Any]) -> dict[str, Any]:
@@ -128,9 +129,13 @@ def in_fresh_process(spec: dict[str, Any]) -> dict[str, Any]:
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
     if done.returncode != 0 or not lines:
-        said = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"ratio": None, "pairs": 0, "peak": None, "status": f"error: {said}"}
+        return _failed((done.stderr.strip().splitlines() or ["no output"])[-1])
     return json.loads(lines[-1].removeprefix(RESULT))
+
+
+def _failed(why: str) -> dict[str, Any]:
+    """What a case's process that measured nothing records."""
+    return {"ratio": None, "pairs": 0, "peak": None, "status": f"error: {why}"}
 
 
 def median_ratio(case: dict[str, Any]) -> float | None:
@@ -203,10 +208,10 @@ def markdown(data: dict[str, Any]) -> str:
             "",
             f"- On the medians, memplan's matched runs dominate {held} of {len(verdicts)}.",
         ]
+        lines.append("")
         failed = [p["status"] for c in found["cases"] for p in c["processes"] if p["ratio"] is None]
-        lines += (
-            [""] + [f"- A process failed: {status}" for status in failed] + ([""] if failed else [])
-        )
+        if failed:
+            lines += [*(f"- A process failed: {status}" for status in failed), ""]
     return "\n".join(lines) + "\n"
 
 
@@ -304,7 +309,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             found = one_process(json.loads(args.one))
         except Exception as error:  # the parent records it as the process's status
-            found = {"ratio": None, "pairs": 0, "peak": None, "status": f"error: {one_line(error)}"}
+            found = _failed(one_line(error))
         print(RESULT + json.dumps(found), flush=True)
         return
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,8 @@ def _compiled() -> dict[str, Any]:
         | {"against_pairs": 40},
         _run("pytorch", "0.8", measured_peak=80 * MIB),
         _run("memplan", "70%", budget=140 * MIB, measured_peak=130 * MIB),
-        _run("memplan", "matched 0.8", budget=80 * MIB, measured_peak=79 * MIB)
+        # As recorded where infeasible: the least its planner reported, over the point's.
+        _run("memplan", "matched 0.8", budget=85 * MIB, measured_peak=79 * MIB)
         | {"against": "0.8", "against_ratio": 1.03, "against_pairs": 30},
         # Infeasible at 75% of 80 MiB: planned for the least its planner reported.
         _run("memplan", BELOW_LEAST, budget=70 * MIB, measured_peak=68 * MIB)
