@@ -52,6 +52,7 @@ from benchmarks.compiled import (
 )
 from benchmarks.models import SIZES, Bench
 from benchmarks.pages import write_section
+from memplan.errors import MemplanError
 from memplan.files import write_json_atomically
 from memplan.tools.zoo import ZOO
 from memplan.units import format_bytes
@@ -277,6 +278,13 @@ def run_cases(args: argparse.Namespace, where: dict[str, Any], path: Path) -> di
                 c if _chosen(c, args.settings) else earlier.get(c["setting"], c) for c in fresh
             ],
         }
+    known = {c["setting"] for m in args.models for c in data["models"][m]["cases"]}
+    unknown = sorted(set(args.settings or ()) - known)
+    if unknown:  # before any process runs or the JSON is rewritten
+        raise MemplanError(
+            f"no head-to-head case {', '.join(map(repr, unknown))} in "
+            f"{', '.join(args.models)}; the cases: {', '.join(sorted(known))}"
+        )
     todo = [
         (m, c) for m in args.models for c in data["models"][m]["cases"] if _chosen(c, args.settings)
     ]

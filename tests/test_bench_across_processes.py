@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 from benchmarks import across_processes
 from benchmarks.across_processes import FLOOR, cases, in_fresh_process, markdown, verdict
 from benchmarks.compiled import BELOW_LEAST
+from memplan.errors import MemplanError
 
 MIB = 1 << 20
 
@@ -110,7 +112,8 @@ def test_a_rerun_of_chosen_cases_keeps_the_others(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With --settings, only those cases run again, in as many processes as asked, each
-    given its budget and point; the model's other cases keep their earlier processes."""
+    given its budget and point; the model's other cases keep their earlier processes. A
+    setting no case has is an error before anything runs."""
     (tmp_path / "compiled-cpu.json").write_text(json.dumps(_compiled()))
     monkeypatch.setattr(across_processes, "RESULTS", tmp_path)
     given: list[dict[str, Any]] = []
@@ -137,6 +140,13 @@ def test_a_rerun_of_chosen_cases_keeps_the_others(
     assert floor["date"] == "2026-11-27" and matched["date"] == "2026-11-28"
     assert [p["ratio"] for p in matched["processes"]] == [0.99, 0.99]
     assert json.loads(path.read_text()) == data
+    with pytest.raises(MemplanError, match=re.escape("no head-to-head case 'matched 0.9' in cnn")):
+        across_processes.run_cases(
+            argparse.Namespace(**{**vars(args), "settings": ["matched 0.9"]}),
+            {"date": "2026-11-29"},
+            path,
+        )
+    assert json.loads(path.read_text()) == data  # nothing rewritten
 
 
 def test_the_command_line_explains_itself(capsys: pytest.CaptureFixture[str]) -> None:
