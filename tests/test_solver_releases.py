@@ -90,7 +90,8 @@ def test_a_budget_nothing_meets_is_infeasible_with_the_least_peak_schedule(name)
 @pytest.mark.parametrize("name", EXACT)
 def test_exact_engines_beat_the_director_where_it_recomputes_too_much(name):
     """On a 12-layer chain of large activations at 60%, the model's optimum is faster
-    than the director's and than greedy's schedules."""
+    than the director's schedule, and no slower than greedy's (which its refinement,
+    keeping needless releases again, brings to the optimum here)."""
     graph = chain_graph(12, act_bytes=100, param_bytes=10)
     budget = int(0.6 * simulate_decisions(graph, {}, None)[1].peak)
     options = SolverOptions(time_limit=10)
@@ -99,4 +100,4 @@ def test_exact_engines_beat_the_director_where_it_recomputes_too_much(name):
     assert result.status == director.status == "feasible"
     assert simulate(graph, result.schedule).peak <= budget
     assert result.objective < director.objective
-    assert result.objective < get_solver("greedy")(graph, budget, options).objective
+    assert result.objective <= get_solver("greedy")(graph, budget, options).objective

@@ -300,6 +300,34 @@ def test_greedy_offloads_over_a_fast_link_instead_of_recomputing():
     assert (trace.time, trace.stall) == (14.0, 0.0)  # the copies hide: keep_all's time
 
 
+def _needless_releases(g: Graph, decisions: dict[int, Decision], budget: int, link) -> list:
+    """The saved storages `decisions` release whose keeping again would leave the peak
+    within `budget` and make the step faster."""
+    _, trace = simulate_decisions(g, decisions, link)
+    needless = []
+    for owner, members in saved_storages(g).items():
+        if all(decisions.get(v) is Decision.KEEP for v in members):
+            continue
+        kept = {**decisions, **dict.fromkeys(members, Decision.KEEP)}
+        try:
+            _, again = simulate_decisions(g, kept, link)
+        except InvalidSchedule:
+            continue
+        if again.peak <= budget and again.time < trace.time:
+            needless.append(owner)
+    return needless
+
+
+def test_greedy_keeps_again_what_its_descent_released_needlessly():
+    # At 70% of keep_all's peak, the descents on this chain end with a release of the last
+    # activation that a later, larger release left needless (the step a unit slower).
+    g = chain_graph(8, act_bytes=100, param_bytes=1)
+    budget = int(0.7 * peak_of(g, keep_all(g, 10**9, NO_LINK)))
+    result = greedy(g, budget, NO_LINK)
+    assert result.status == "feasible" and peak_of(g, result) <= budget
+    assert _needless_releases(g, result.decisions, budget, None) == []
+
+
 # --- properties on training-shaped graphs -------------------------------------------------
 
 
@@ -350,6 +378,17 @@ def test_greedy_meets_its_own_least_peak(g, bandwidth):
     result = greedy(g, least, _options(bandwidth))
     assert result.status == "feasible"
     assert peak_of(g, result, bandwidth) <= least
+
+
+@PROPERTY
+@given(training_graphs(), st.floats(0.3, 1.0), st.sampled_from([None, 20.0]))
+def test_greedy_leaves_no_release_that_the_budget_could_keep_faster(g, share, link):
+    full = peak_of(g, keep_all(g, 10**12, _options(None)), None)
+    budget = max(1, math.floor(share * full))
+    result = greedy(g, budget, SolverOptions(bandwidth=link, time_limit=60))
+    if result.status != "feasible":
+        return
+    assert _needless_releases(g, result.decisions, budget, link) == []
 
 
 @PROPERTY

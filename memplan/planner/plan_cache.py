@@ -32,8 +32,9 @@ from memplan.planner.profile_cache import device_name
 # kept by an older memplan is made again (v2: recompute chains read what kept views pin;
 # v3: the solver's costs are in the key, and greedy prices releasing a view that pins its
 # owner with the owner's chain; v4: a solve that ran to its time limit is no longer kept,
-# so the plans v3 kept from such solves are dropped).
-PLAN_DIR = "plans-v4"
+# so the plans v3 kept from such solves are dropped; v5: greedy keeps again, within the
+# budget, what its descents released needlessly).
+PLAN_DIR = "plans-v5"
 # Options that change how a plan is shown, not what it is.
 _NOT_IN_KEY = ("progress",)
 

@@ -10,6 +10,9 @@ On big graphs (from BULK_FROM nodes: a real-size model of repeated layers), a re
 also releases the storages alike to it in other blocks (solvers/repeats.py), as many as
 the gap to the budget can use: one simulation instead of one per layer while the peak is
 far above the budget, one storage at a time close to it.
+
+Within a budget, the fastest state found is refined: released storages are kept again
+where the budget has room for them and the step gets faster (_kept_again).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ _CANDIDATES_PER_ROUND = 64
 # lower (ResNet's least is 1 MiB higher by them alone), so descents run both ways.
 PINNED_ESTIMATES = (True, False)
 # From this many nodes, alike storages are released together (see the module). Below it a
-# descent's path does not depend on the budget, which makes the peak monotone in it.
+# descent's path does not depend on the budget: a larger one only stops it sooner.
 BULK_FROM = 3000
 
 
@@ -59,11 +62,11 @@ def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResu
     allowed) and a budget, every descent a solve without a link would make also runs,
     recomputing only: an offload's estimated cost can be too low when many share the link.
 
-    Below BULK_FROM nodes, a descent's path does not depend on the budget (it only stops
-    sooner for a larger one), and each release adds time, so choosing among every state
-    passed through makes the peak monotone in the budget: a lower budget never gives a
-    higher peak. From BULK_FROM on, how many alike storages a release takes depends on the
-    gap to the budget, and that guarantee is traded for speed.
+    Within a budget, the fastest state of each way is then refined (_kept_again): the
+    storages it released are kept again, one at a time, wherever the peak stays within
+    the budget and the time falls. The refined state uses the room the budget leaves, so
+    a lower budget can give a higher peak than a larger one; the refinement never makes
+    the returned state slower or its peak higher than the budget.
     """
     require_problem("greedy", options, "training")
     started = time.perf_counter()
@@ -81,6 +84,7 @@ def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResu
 
     simulations = _Simulations(graph)
     runs: list[_Run] = []
+    refined: list[_State] = []
     for way in ways:
         made = [
             _descend(graph, simulations, s, target, deadline, way, o, twins, pins)
@@ -95,8 +99,13 @@ def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResu
                 for pins in PINNED_ESTIMATES
             ]
         runs += made
+        fits = [s for run in made for s in run.states if budget is not None and s.peak <= budget]
+        if fits:
+            fastest = min(fits, key=lambda s: (s.time, s.peak))
+            assert budget is not None
+            refined.append(_kept_again(graph, simulations, fastest, budget, deadline, way))
     passed = [state for run in runs for state in run.states]
-    fitting = [s for s in passed if budget is not None and s.peak <= budget]
+    fitting = refined + [s for s in passed if budget is not None and s.peak <= budget]
     if fitting:
         chosen = min(fitting, key=lambda s: (s.time, s.peak))
     else:
@@ -212,6 +221,61 @@ def _descend(
             # A release that raised the peak before may not now: the peak has moved.
             tried = {o for o in tried if not _all_kept(groups[o], decisions)}
     return run
+
+
+def _kept_again(
+    graph: Graph,
+    simulate: _Simulations,
+    state: _State,
+    budget: int,
+    deadline: float,
+    options: SolverOptions,
+) -> _State:
+    """`state` with storages it released kept again, the costliest per byte first, each
+    where the peak stays within `budget` and the time falls, pass after pass until a pass
+    keeps none (or time runs out). A descent releases the cheapest per byte first and
+    stops once the peak fits: a later, larger release (or the alike ones released with
+    it) can leave an earlier one needed no more, and the last release can leave room."""
+    groups = saved_storages(graph)
+    window = hiding_windows(graph) if options.bandwidth else {}
+    kept_one = True
+    while kept_one:
+        kept_one = False
+        for owner in _released_costliest_first(graph, state.decisions, groups, window, options):
+            if time.perf_counter() > deadline:
+                return state
+            proposal = {**state.decisions, **dict.fromkeys(groups[owner], Decision.KEEP)}
+            try:
+                trace = simulate(proposal, options.bandwidth)
+            except InvalidSchedule:
+                continue
+            if trace.peak <= budget and trace.time < state.time:
+                state, kept_one = _State(trace.time, trace.peak, proposal), True
+    return state
+
+
+def _released_costliest_first(
+    graph: Graph,
+    decisions: dict[int, Decision],
+    groups: dict[int, list[int]],
+    window: dict[int, float],
+    options: SolverOptions,
+) -> list[int]:
+    """The owners of the saved storages `decisions` release, the costliest per byte
+    first: the estimated time of recomputing its members, plus the transfer time an
+    offload does not hide (hiding_windows)."""
+    decision = decider(graph, decisions)
+
+    def cost_per_byte(owner: int) -> float:
+        recomputed = [v for v in groups[owner] if decisions.get(v) is Decision.RECOMPUTE]
+        cost = recompute_chain_time(graph, recomputed, decision) if recomputed else 0.0
+        if decisions.get(owner) is Decision.OFFLOAD and options.bandwidth:
+            transfer = 2 * graph[owner].bytes / options.bandwidth
+            cost += max(0.0, transfer - window.get(owner, 0.0))
+        return cost / max(graph[owner].bytes, 1)
+
+    released = [o for o, members in groups.items() if not _all_kept(members, decisions)]
+    return sorted(released, key=lambda o: (-cost_per_byte(o), o))
 
 
 def _first_accepted(
