@@ -84,7 +84,7 @@ def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResu
 
     simulations = _Simulations(graph)
     runs: list[_Run] = []
-    refined: list[_State] = []
+    by_way: list[tuple[SolverOptions, list[_Run]]] = []
     for way in ways:
         made = [
             _descend(graph, simulations, s, target, deadline, way, o, twins, pins)
@@ -99,11 +99,20 @@ def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResu
                 for pins in PINNED_ESTIMATES
             ]
         runs += made
+        by_way.append((way, made))
+    # The refinements run after every descent, so that they never take a descent's time,
+    # and each makes at most as many simulations as the descents did: a bound on the
+    # solve's work whatever the machine's speed (a solve cut by the clock is not kept,
+    # planner/plan_cache.py).
+    tries = len(simulations.seen)
+    refined: list[_State] = []
+    for way, made in by_way:
         fits = [s for run in made for s in run.states if budget is not None and s.peak <= budget]
-        if fits:
+        if budget is not None and fits:
             fastest = min(fits, key=lambda s: (s.time, s.peak))
-            assert budget is not None
-            refined.append(_kept_again(graph, simulations, fastest, budget, deadline, way))
+            refined.append(
+                _kept_again(graph, simulations, fastest, budget, deadline, way, twins, tries)
+            )
     passed = [state for run in runs for state in run.states]
     fitting = refined + [s for s in passed if budget is not None and s.peak <= budget]
     if fitting:
@@ -230,27 +239,43 @@ def _kept_again(
     budget: int,
     deadline: float,
     options: SolverOptions,
+    twins: dict[int, list[int]],
+    tries: int,
 ) -> _State:
     """`state` with storages it released kept again, the costliest per byte first, each
     where the peak stays within `budget` and the time falls, pass after pass until a pass
-    keeps none (or time runs out). A descent releases the cheapest per byte first and
-    stops once the peak fits: a later, larger release (or the alike ones released with
-    it) can leave an earlier one needed no more, and the last release can leave room."""
+    keeps none, `tries` simulations are spent or time runs out. A descent releases the
+    cheapest per byte first and stops once the peak fits: a later, larger release (or the
+    alike ones released with it) can leave an earlier one needed no more, and the last
+    release can leave room. With `twins` (big graphs, see the module), a storage is first
+    tried kept together with the released storages alike to it: one simulation per kind
+    of tensor where the room takes them all."""
     groups = saved_storages(graph)
     window = hiding_windows(graph) if options.bandwidth else {}
     kept_one = True
     while kept_one:
         kept_one = False
         for owner in _released_costliest_first(graph, state.decisions, groups, window, options):
-            if time.perf_counter() > deadline:
-                return state
-            proposal = {**state.decisions, **dict.fromkeys(groups[owner], Decision.KEEP)}
-            try:
-                trace = simulate(proposal, options.bandwidth)
-            except InvalidSchedule:
-                continue
-            if trace.peak <= budget and trace.time < state.time:
-                state, kept_one = _State(trace.time, trace.peak, proposal), True
+            if _all_kept(groups[owner], state.decisions):
+                continue  # kept again with a storage alike to it
+            alike = [
+                t
+                for t in twins.get(owner, [])
+                if t != owner and not _all_kept(groups[t], state.decisions)
+            ]
+            for owners in ([owner, *alike], [owner]) if alike else ([owner],):
+                if tries <= 0 or time.perf_counter() > deadline:
+                    return state
+                tries -= 1
+                proposal = {**state.decisions}
+                proposal.update((v, Decision.KEEP) for o in owners for v in groups[o])
+                try:
+                    trace = simulate(proposal, options.bandwidth)
+                except InvalidSchedule:
+                    continue
+                if trace.peak <= budget and trace.time < state.time:
+                    state, kept_one = _State(trace.time, trace.peak, proposal), True
+                    break
     return state
 
 
