@@ -208,8 +208,8 @@ def markdown(data: dict[str, Any]) -> str:
         lines += [
             "",
             f"- On the medians, memplan's matched runs dominate {held} of {len(verdicts)}.",
+            "",
         ]
-        lines.append("")
         failed = [p["status"] for c in found["cases"] for p in c["processes"] if p["ratio"] is None]
         if failed:
             lines += [*(f"- A process failed: {status}" for status in failed), ""]

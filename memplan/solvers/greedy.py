@@ -83,7 +83,6 @@ def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResu
         ways.append(dataclasses.replace(options, bandwidth=None))
 
     simulations = _Simulations(graph)
-    runs: list[_Run] = []
     by_way: list[tuple[SolverOptions, list[_Run]]] = []
     for way in ways:
         made = [
@@ -98,7 +97,6 @@ def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResu
                 for s in starts
                 for pins in PINNED_ESTIMATES
             ]
-        runs += made
         by_way.append((way, made))
     # The refinements run after every descent, so that they never take a descent's time,
     # and each makes at most as many simulations as the descents did: a bound on the
@@ -106,15 +104,19 @@ def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResu
     # planner/plan_cache.py).
     tries = len(simulations.seen)
     refined: list[_State] = []
+    fits: list[_State] = []
     for way, made in by_way:
-        fits = [s for run in made for s in run.states if budget is not None and s.peak <= budget]
-        if budget is not None and fits:
-            fastest = min(fits, key=lambda s: (s.time, s.peak))
+        way_fits = [s for r in made for s in r.states if budget is not None and s.peak <= budget]
+        if way_fits:
+            assert budget is not None
+            fastest = min(way_fits, key=lambda s: (s.time, s.peak))
             refined.append(
                 _kept_again(graph, simulations, fastest, budget, deadline, way, twins, tries)
             )
+            fits += way_fits
+    fitting = refined + fits
+    runs = [run for _, made in by_way for run in made]
     passed = [state for run in runs for state in run.states]
-    fitting = refined + [s for s in passed if budget is not None and s.peak <= budget]
     if fitting:
         chosen = min(fitting, key=lambda s: (s.time, s.peak))
     else:
@@ -295,8 +297,7 @@ def _released_costliest_first(
         recomputed = [v for v in groups[owner] if decisions.get(v) is Decision.RECOMPUTE]
         cost = recompute_chain_time(graph, recomputed, decision) if recomputed else 0.0
         if decisions.get(owner) is Decision.OFFLOAD and options.bandwidth:
-            transfer = 2 * graph[owner].bytes / options.bandwidth
-            cost += max(0.0, transfer - window.get(owner, 0.0))
+            cost += _exposed_transfer(graph, owner, window, options.bandwidth)
         return cost / max(graph[owner].bytes, 1)
 
     released = [o for o, members in groups.items() if not _all_kept(members, decisions)]
@@ -379,6 +380,14 @@ def hiding_windows(graph: Graph) -> dict[int, float]:
     return windows
 
 
+def _exposed_transfer(
+    graph: Graph, owner: int, window: dict[int, float], bandwidth: float
+) -> float:
+    """The part of an offload's round trip (2 x bytes / bandwidth) that does not hide under
+    the compute from `owner` to the end of the step (hiding_windows)."""
+    return max(0.0, 2 * graph[owner].bytes / bandwidth - window.get(owner, 0.0))
+
+
 def _cheapest_release(
     graph: Graph,
     decisions: dict[int, Decision],
@@ -450,8 +459,7 @@ def release_options(
         found.append((recompute, dict.fromkeys(kept, Decision.RECOMPUTE)))
     if options.bandwidth and graph[owner].offloadable:
         views = [v for v in kept if v != owner]
-        transfer = 2 * graph[owner].bytes / options.bandwidth
-        exposed = max(0.0, transfer - window.get(owner, 0.0))
+        exposed = _exposed_transfer(graph, owner, window, options.bandwidth)
         view_time = recompute_chain_time(graph, views, decision, stop_at=owner)
         if math.isfinite(view_time):
             changes = dict.fromkeys(views, Decision.RECOMPUTE)
