@@ -72,13 +72,17 @@ class Graph:
 
     `outputs` stay resident until the end of the step (forward outputs held by the caller
     and the gradients the backward produces). `source_ids`, when set, maps each id to the
-    node's id in the file it was loaded from (see load_node_link).
+    node's id in the file it was loaded from (see load_node_link). `transfer_seconds` is
+    the compute stream's time per transfer: the host calls that start an offload or a
+    prefetch and order the compute stream on it, made between the kernels the host
+    launches (measured by the profiler; 0 where unknown, as in the literature's graphs).
     """
 
     nodes: tuple[Node, ...]
     outputs: tuple[int, ...] = ()
     name: str = "graph"
     source_ids: tuple[int, ...] = ()
+    transfer_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         for index, node in enumerate(self.nodes):
@@ -99,6 +103,10 @@ class Graph:
                 or node.time < 0
             ):
                 raise GraphError(f"node {node.name!r} has negative bytes, workspace or time")
+        if not math.isfinite(self.transfer_seconds) or self.transfer_seconds < 0:
+            raise GraphError(
+                f"transfer_seconds must be finite and >= 0, got {self.transfer_seconds}"
+            )
         if self.source_ids and len(self.source_ids) != len(self.nodes):
             raise GraphError("source_ids must name every node")
         for out in self.outputs:
@@ -193,7 +201,7 @@ class Graph:
             dataclasses.replace(n, time=float(t), workspace=int(w))
             for n, t, w in zip(self.nodes, times, held, strict=True)
         )
-        return Graph(nodes=nodes, outputs=self.outputs, name=self.name)
+        return dataclasses.replace(self, nodes=nodes)
 
 
 # --- schedule steps -------------------------------------------------------------------

@@ -5,7 +5,9 @@ Memory is counted per storage instance, as the device allocator sees it: each al
 what they are made from, and the instance's bytes are freed when its last member dies.
 A Compute also holds its node's workspace (the kernel's own buffers) for its step only,
 every time the node runs. Offloads and prefetches run on one copy stream that overlaps
-compute at a given host link bandwidth. No torch here: solvers call it too.
+compute at a given host link bandwidth; the host calls that start each of them take the
+graph's `transfer_seconds` of compute-stream time (between two kernels the host launches,
+nothing else is launched). No torch here: solvers call it too.
 """
 
 from __future__ import annotations
@@ -199,6 +201,7 @@ def simulate(
             _need_link(bandwidth, where)
             if step.node not in state.resident or not node.offloadable:
                 raise InvalidSchedule(f"{where}: offloads a node that is absent or not offloadable")
+            state.now += graph.transfer_seconds
             end = state.transfer(step.node, state.now)
             state.host_ready[step.node] = end
             state.offload_end[step.node] = end
@@ -208,6 +211,7 @@ def simulate(
                 raise InvalidSchedule(f"{where}: prefetches a node that was never offloaded")
             if step.node in state.resident or step.node in state.in_flight:
                 raise InvalidSchedule(f"{where}: prefetches a node already on the device")
+            state.now += graph.transfer_seconds
             state.in_flight[step.node] = state.transfer(step.node, state.host_ready[step.node])
             state.hold(step.node, node.bytes)  # lands in a fresh allocation
         elif isinstance(step, Wait):

@@ -317,6 +317,32 @@ def test_two_models_in_one_process() -> None:
         _train_and_compare(compiled, model, example.inputs)
 
 
+def _a_library_deprecation() -> None:
+    warnings.warn("a library's own deprecation", DeprecationWarning, stacklevel=1)
+
+
+def test_a_library_s_warning_while_planning_is_said_where_the_library_said_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # On a GPU (torch 2.11), a DeprecationWarning that Inductor's code said while memplan
+    # planned was said again as memplan's, and the filters that make memplan's warnings
+    # errors failed the compile.
+    profile_graph = memplan.planner.plan.profile_graph
+
+    def profiled(*args: Any, **kwargs: Any) -> Any:
+        _a_library_deprecation()
+        return profile_graph(*args, **kwargs)
+
+    monkeypatch.setattr(memplan.planner.plan, "profile_graph", profiled)
+    example = ZOO["mlp"]()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        memplan.plan(example.model, example.inputs, budget="1 B", best_effort=True, progress=False)
+    places = {(w.category, Path(w.filename).name) for w in said}
+    assert (DeprecationWarning, Path(__file__).name) in places
+    assert any(issubclass(category, MemplanWarning) for category, _ in places)  # still said
+
+
 def test_a_shape_the_budget_cannot_hold_warns_or_raises_before_the_step() -> None:
     """Planned at a small batch under an absolute budget that fits it, a call at a larger
     batch is planned again; where nothing fits, the warning names the sizes and the least

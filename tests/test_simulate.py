@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import pytest
 from hypothesis import given, settings
 from strategies import random_graphs, topological_steps
 
 from memplan import remat
-from memplan.errors import InvalidSchedule
+from memplan.errors import GraphError, InvalidSchedule
 from memplan.graph import (
     Compute,
     Free,
@@ -335,6 +338,21 @@ def test_free_during_offload_waits_for_the_copy():
     assert (trace.time, trace.stall) == (9.0, 4.0)
     # p 100; +a 110; -a 100; the prefetch 110; then b 120, d 130, c 140
     assert trace.live == (110, 110, 100, 110, 110, 120, 130, 140)
+
+
+def test_each_transfer_s_host_calls_take_compute_stream_time():
+    graph = dataclasses.replace(transfer_graph(), transfer_seconds=0.25)
+    trace = run(graph, C(1), Off(1), C(2), F(1), P(1), C(3), W(1), C(4), bandwidth=10.0)
+    # The offload's calls end at 1.25, its copy 2.25; b ends 3.25 (the Free waits for
+    # nothing); the prefetch's calls end 3.5, its copy 4.5; d ends 4.5, the Wait is free
+    assert trace.clock == (1.0, 1.25, 3.25, 3.25, 3.5, 4.5, 4.5, 5.5)
+    assert (trace.time, trace.stall) == (5.5, 0.0)
+
+
+def test_a_graph_s_transfer_seconds_are_finite_and_not_negative():
+    for bad in (-1e-6, math.inf, math.nan):
+        with pytest.raises(GraphError, match="transfer_seconds"):
+            dataclasses.replace(transfer_graph(), transfer_seconds=bad)
 
 
 def test_copies_queue_on_one_stream():

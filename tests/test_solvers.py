@@ -3,6 +3,7 @@ schedule judged by the simulator."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -298,6 +299,37 @@ def test_greedy_offloads_over_a_fast_link_instead_of_recomputing():
     trace = simulate(g, result.schedule, bandwidth=1e6)
     assert trace.peak < peak_of(g, keep_all(g, 10**9, NO_LINK))
     assert (trace.time, trace.stall) == (14.0, 0.0)  # the copies hide: keep_all's time
+
+
+@pytest.mark.parametrize(
+    "transfer_seconds, chosen", [(0.3, Decision.OFFLOAD), (0.6, Decision.RECOMPUTE)]
+)
+def test_greedy_prices_a_transfer_s_host_calls(transfer_seconds, chosen):
+    # Recomputing the released tensor takes 1 s; its round trip's copies hide, and its
+    # two transfers' host calls take 2 x transfer_seconds: 0.6 s, not 1.2 s, or 1.2 s.
+    g = dataclasses.replace(
+        chain_graph(4, act_bytes=100, param_bytes=1), transfer_seconds=transfer_seconds
+    )
+    result = greedy(g, None, SolverOptions(bandwidth=1e6))
+    released = [d for d in result.decisions.values() if d is not Decision.KEEP]
+    assert released == [chosen]
+    trace = simulate(g, result.schedule, bandwidth=1e6)
+    assert trace.time == pytest.approx(14.0 + min(2 * transfer_seconds, 1.0))
+
+
+def test_greedy_offloads_where_only_offloading_reaches_the_budget():
+    # The transfers' host calls outcost recomputing a layer a hundred times over, but
+    # recomputing alone cannot reach the least peak offloading reaches: the least peak
+    # does not depend on what a transfer costs, and that budget is met.
+    free = chain_graph(8, act_bytes=100, param_bytes=1)
+    costly = dataclasses.replace(free, transfer_seconds=100.0)
+    options = SolverOptions(bandwidth=1e6)
+    least = peak_of(free, greedy(free, None, options), 1e6)
+    assert least < peak_of(costly, greedy(costly, None, NO_LINK))
+    assert peak_of(costly, greedy(costly, None, options), 1e6) == least
+    result = greedy(costly, least, options)
+    assert result.status == "feasible"
+    assert Decision.OFFLOAD in result.decisions.values()
 
 
 def _needless_releases(g: Graph, decisions: dict[int, Decision], budget: int, link) -> list:

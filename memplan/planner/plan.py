@@ -37,6 +37,7 @@ from memplan.planner.plan_file import Plan
 from memplan.planner.profile import ProfileCache, profile_graph
 from memplan.planner.shapes import ShapeSignature, at
 from memplan.planner.solve import Solved, ran_out, solve_within_budget
+from memplan.planner.transfer_cost import transfer_seconds
 from memplan.simulate import MemoryTrace, simulate
 from memplan.solvers import SolverOptions, get_solver
 from memplan.solvers.training import build_schedule
@@ -329,7 +330,7 @@ class Partitioner:
             resident = dataclasses.replace(resident, held=0)
         way, (chosen, plan, schedule) = _faster(planned)
         for warning in said[way]:
-            warnings.warn(warning.message, warning.category, stacklevel=2)
+            _say_again(warning)
         # The plan records the way it was made, so that applying it again makes it that way.
         plan = dataclasses.replace(
             plan,
@@ -409,6 +410,13 @@ class Partitioner:
         graph = lowered.graph.replace_times(
             seconds, [profile.workspace.get(n.name, 0) for n in lowered.fx_nodes]
         )
+        if self.options.solver_options(device.type).bandwidth:
+            graph = dataclasses.replace(
+                graph,
+                transfer_seconds=transfer_seconds(
+                    device, measure=self.options.measure, cache=self.cache
+                ),
+            )
         if self.before_solving is not None:
             graph = self.before_solving(graph)
         lowered = dataclasses.replace(lowered, graph=graph)
@@ -433,6 +441,20 @@ class Partitioner:
         if key and reuse is None and not plan.cut_short:
             store_plan(key, plan)
         return lowered, plan, schedule
+
+
+def _say_again(warning: warnings.WarningMessage) -> None:
+    """A warning held back while a way was planned, said now. memplan's own are said to
+    the caller; any other (a library's DeprecationWarning, say) at the place that said it,
+    so that the filters treat it as they would have: said as memplan's, the filters that
+    make memplan's warnings errors turned torch's into errors."""
+    if issubclass(warning.category, MemplanWarning):
+        warnings.warn(warning.message, warning.category, stacklevel=3)
+    else:
+        warnings.warn_explicit(
+            warning.message, warning.category, warning.filename, warning.lineno,
+            source=warning.source,
+        )  # fmt: skip
 
 
 def _faster(

@@ -33,8 +33,9 @@ from memplan.planner.profile_cache import device_name
 # v3: the solver's costs are in the key, and greedy prices releasing a view that pins its
 # owner with the owner's chain; v4: a solve that ran to its time limit is no longer kept,
 # so the plans v3 kept from such solves are dropped; v5: greedy keeps again, within the
-# budget, what its descents released needlessly).
-PLAN_DIR = "plans-v5"
+# budget, what its descents released needlessly; v6: a transfer's host calls are priced,
+# Graph.transfer_seconds, and are in the key).
+PLAN_DIR = "plans-v6"
 # Options that change how a plan is shown, not what it is.
 _NOT_IN_KEY = ("progress",)
 
@@ -51,7 +52,16 @@ def plan_key(
     shaping = {k: v for k, v in dataclasses.asdict(options).items() if k not in _NOT_IN_KEY}
     costs = [(n.time, n.workspace) for n in graph.nodes]
     text = json.dumps(
-        [fingerprint, costs, str(budget), held, shaping, device.type, device_name(device)],
+        [
+            fingerprint,
+            costs,
+            graph.transfer_seconds,
+            str(budget),
+            held,
+            shaping,
+            device.type,
+            device_name(device),
+        ],
         sort_keys=True,
         default=str,
     )

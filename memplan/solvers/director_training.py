@@ -239,7 +239,12 @@ def _direct(
         views = [v for v in storage.members if v != storage.owner]
         view_time = recompute_chain_time(graph, views, decide, stop_at=storage.owner)
         offload = offload and math.isfinite(view_time)
-        exposed = max(0.0, 2 * owner.bytes / bandwidth - storage.idle) if bandwidth else math.inf
+        # The copies hide under the idle compute; the host calls of both transfers do not.
+        exposed = (
+            2 * graph.transfer_seconds + max(0.0, 2 * owner.bytes / bandwidth - storage.idle)
+            if bandwidth
+            else math.inf
+        )
         if offload and (exposed == 0 or not math.isfinite(recompute) or exposed < recompute):
             changes.update(dict.fromkeys(views, Decision.RECOMPUTE))
             changes[storage.owner] = Decision.OFFLOAD

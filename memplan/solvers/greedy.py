@@ -383,9 +383,11 @@ def hiding_windows(graph: Graph) -> dict[int, float]:
 def _exposed_transfer(
     graph: Graph, owner: int, window: dict[int, float], bandwidth: float
 ) -> float:
-    """The part of an offload's round trip (2 x bytes / bandwidth) that does not hide under
-    the compute from `owner` to the end of the step (hiding_windows)."""
-    return max(0.0, 2 * graph[owner].bytes / bandwidth - window.get(owner, 0.0))
+    """What an offload's round trip adds to the step: the host calls of its two transfers,
+    which nothing hides, and the part of the copies (2 x bytes / bandwidth) that does not
+    hide under the compute from `owner` to the end of the step (hiding_windows)."""
+    copies = max(0.0, 2 * graph[owner].bytes / bandwidth - window.get(owner, 0.0))
+    return 2 * graph.transfer_seconds + copies
 
 
 def _cheapest_release(
@@ -426,22 +428,28 @@ def _cheapest_release(
             released = {**decisions, **dict.fromkeys(kept, Decision.RECOMPUTE)}
             after = decider(graph, released, read_pinned=True)
         for cost, changes in release_options(graph, owner, kept, after, window, options):
-            score = order(cost, size)
+            score = order(cost, size, changes.get(owner) is Decision.OFFLOAD)
             if best is None or score < best[0]:
                 best = (score, owner, changes)
     return None if best is None else (best[1], best[2])
 
 
-# How a descent ranks the ways to release a storage: (added seconds, bytes) -> lower first.
-_Order = Callable[[float, int], tuple[float, float]]
+# How a descent ranks the ways to release a storage: (added seconds, bytes, whether it
+# offloads the storage) -> lower first.
+_Order = Callable[[float, int, bool], tuple[float, ...]]
 
 
-def _cost_per_byte(cost: float, size: int) -> tuple[float, float]:
+def _cost_per_byte(cost: float, size: int, offloads: bool) -> tuple[float, ...]:
     return (cost / size, -size)
 
 
-def _largest_first(cost: float, size: int) -> tuple[float, float]:
-    return (-size, cost)
+def _largest_first(cost: float, size: int, offloads: bool) -> tuple[float, ...]:
+    """The largest storage first, and offloaded where it can be, whatever that costs: this
+    order runs for the least peak, and an offload leaves nothing of the storage on the
+    device, where recomputing it holds its chain's inputs in the backward. Priced by
+    cost alone, a chain of 8 layers whose transfers' host calls outcost recomputing
+    reached a least peak 19% higher."""
+    return (-size, not offloads, cost)
 
 
 def release_options(

@@ -97,7 +97,9 @@ class Stages:
         outputs = frozenset(position[o] for o in graph.outputs if o in position)
         transfer = None
         if bandwidth is not None and bandwidth > 0:
-            transfer = tuple(size / bandwidth / cost_scale for size in sizes)
+            # A page's cost: its copy, and the host calls that start it (Graph.transfer_seconds).
+            fixed = graph.transfer_seconds
+            transfer = tuple((size / bandwidth + fixed) / cost_scale for size in sizes)
         return cls(
             order=order,
             inputs=inputs,
