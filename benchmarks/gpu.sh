@@ -30,6 +30,8 @@ mkdir -p "$out"
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   $python -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)'
+  # What the planner charges per transfer for the host calls that start it (docs/gpu.md).
+  $python -c 'import torch; from memplan.planner.transfer_cost import transfer_seconds; s = transfer_seconds(torch.device("cuda")); print(f"transfer calls: {s * 1e6:.1f} us")'
   nproc
 } > "$out/machine.txt" 2>&1
 cat "$out/machine.txt"

@@ -7,6 +7,7 @@ ortools (skipped without them)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from pathlib import Path
 
@@ -86,6 +87,25 @@ def test_transfers_hidden_under_compute_beat_recomputation_on_vgg16(solver: str)
     assert alone.time > reference.duration  # remat alone recomputes to fit
     assert paged.peak <= budget
     assert paged.stall == 0 and paged.time == pytest.approx(reference.duration)
+
+
+def test_milp_pages_nothing_where_the_transfers_host_calls_outcost_recomputing() -> None:
+    # As above, but each transfer's host calls take as long as the whole step: POET's
+    # stages hide the copies, not the calls, and recomputing is the faster plan. Priced
+    # at nothing, the MILP paged (its schedule took 33 times as long as the step) and the
+    # director's starting schedule was returned in its place.
+    graph = load_node_link(VGG16)
+    budget = remat.resolve_budget(graph, "0.9")
+    reference = remat.reference(graph)
+    link = sum(n.bytes for n in graph) / reference.duration
+    costly = dataclasses.replace(graph, transfer_seconds=reference.duration)
+    alone = judged(costly, milp.solve(costly, budget, options(time_limit=60)), None)
+    result = milp.solve(costly, budget, options(link, time_limit=60))
+    paged = judged(costly, result, link)
+    assert not result.message.startswith("the director's starting schedule"), result.message
+    assert not any(isinstance(step, (Offload, Prefetch)) for step in result.schedule.steps)
+    assert paged.peak <= budget
+    assert paged.time == pytest.approx(alone.time)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

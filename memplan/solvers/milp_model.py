@@ -53,6 +53,7 @@ class Stages:
     # With paging: position -> time to move it over the host link (scaled as cost), and
     # the positions that may be paged (offloadable, not outputs). None: no paging.
     transfer: tuple[float, ...] | None = None
+    calls: float = 0.0  # the host calls that start one transfer (Graph.transfer_seconds), scaled
     pageable: frozenset[int] = frozenset()
     bandwidth: float | None = None  # the host link, for the simulator
 
@@ -97,9 +98,7 @@ class Stages:
         outputs = frozenset(position[o] for o in graph.outputs if o in position)
         transfer = None
         if bandwidth is not None and bandwidth > 0:
-            # A page's cost: its copy, and the host calls that start it (Graph.transfer_seconds).
-            fixed = graph.transfer_seconds
-            transfer = tuple((size / bandwidth + fixed) / cost_scale for size in sizes)
+            transfer = tuple(size / bandwidth / cost_scale for size in sizes)
         return cls(
             order=order,
             inputs=inputs,
@@ -113,6 +112,7 @@ class Stages:
             baseline=baseline,
             least_peak=baseline + least,
             transfer=transfer,
+            calls=graph.transfer_seconds / cost_scale,
             bandwidth=bandwidth if transfer is not None else None,
             pageable=frozenset(
                 k
@@ -216,7 +216,8 @@ def _paging_variables(problem: Any, stages: Stages, binary: Any) -> Paging | Non
 
 def _exposed_transfers(pulp: ModuleType, problem: Any, stages: Stages, model: Model) -> Any:
     """The time transfers add: per stage, what the copy stream's work exceeds its compute
-    by (E_t >= transfers - compute, E_t >= 0). Zero without paging."""
+    by (E_t >= transfers - compute, E_t >= 0), and every transfer's host calls, which run
+    between the computations and hide under nothing. Zero without paging."""
     paging = model.paging
     if paging is None or stages.transfer is None:
         return 0
@@ -233,7 +234,8 @@ def _exposed_transfers(pulp: ModuleType, problem: Any, stages: Stages, model: Mo
         compute = pulp.lpSum(stages.cost[k] * model.R[t, k] for k in range(t + 1))
         problem += late >= pulp.lpSum(moves) - compute, f"exposed_{t}"
         exposed.append(late)
-    return pulp.lpSum(exposed)
+    transfers = pulp.lpSum([*paging.Out.values(), *paging.In.values()])
+    return pulp.lpSum(exposed) + stages.calls * transfers
 
 
 def _add_stage(
