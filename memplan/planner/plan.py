@@ -451,10 +451,8 @@ def _say_again(warning: warnings.WarningMessage) -> None:
     if issubclass(warning.category, MemplanWarning):
         warnings.warn(warning.message, warning.category, stacklevel=3)
     else:
-        warnings.warn_explicit(
-            warning.message, warning.category, warning.filename, warning.lineno,
-            source=warning.source,
-        )  # fmt: skip
+        where = (warning.filename, warning.lineno)
+        warnings.warn_explicit(warning.message, warning.category, *where, source=warning.source)
 
 
 def _faster(
