@@ -25,6 +25,7 @@ from memplan.solvers.result import judged, peak_message
 from memplan.solvers.training import (
     build_schedule,
     decider,
+    exposed_round_trip,
     position_profile,
     recompute_chain_time,
     saved_storages,
@@ -239,9 +240,8 @@ def _direct(
         views = [v for v in storage.members if v != storage.owner]
         view_time = recompute_chain_time(graph, views, decide, stop_at=storage.owner)
         offload = offload and math.isfinite(view_time)
-        # The copies hide under the idle compute; the host calls of both transfers do not.
         exposed = (
-            2 * graph.transfer_seconds + max(0.0, 2 * owner.bytes / bandwidth - storage.idle)
+            exposed_round_trip(graph, storage.owner, storage.idle, bandwidth)
             if bandwidth
             else math.inf
         )

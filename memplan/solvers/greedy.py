@@ -32,6 +32,7 @@ from memplan.solvers.repeats import classes
 from memplan.solvers.result import judged
 from memplan.solvers.training import (
     decider,
+    exposed_round_trip,
     recompute_chain_time,
     saved_storages,
     simulate_decisions,
@@ -383,11 +384,9 @@ def hiding_windows(graph: Graph) -> dict[int, float]:
 def _exposed_transfer(
     graph: Graph, owner: int, window: dict[int, float], bandwidth: float
 ) -> float:
-    """What an offload's round trip adds to the step: the host calls of its two transfers,
-    which nothing hides, and the part of the copies (2 x bytes / bandwidth) that does not
-    hide under the compute from `owner` to the end of the step (hiding_windows)."""
-    copies = max(0.0, 2 * graph[owner].bytes / bandwidth - window.get(owner, 0.0))
-    return 2 * graph.transfer_seconds + copies
+    """What an offload's round trip adds to the step, hidden under the compute from `owner`
+    to the end of the step (hiding_windows)."""
+    return exposed_round_trip(graph, owner, window.get(owner, 0.0), bandwidth)
 
 
 def _cheapest_release(

@@ -272,6 +272,14 @@ def recompute_chain_time(
     return total
 
 
+def exposed_round_trip(graph: Graph, owner: int, hidden: float, bandwidth: float) -> float:
+    """What offloading `owner` and prefetching it back adds to the step: the host calls of
+    both transfers (Graph.transfer_seconds), which nothing hides, and the part of the
+    copies (2 x bytes / bandwidth) that does not hide under `hidden` seconds of compute."""
+    copies = max(0.0, 2 * graph[owner].bytes / bandwidth - hidden)
+    return 2 * graph.transfer_seconds + copies
+
+
 def saved_storages(graph: Graph) -> dict[int, list[int]]:
     """Forward storages the backward reads: owner -> its saved members (the owner and views
     of it), in id order. A storage is released as one, since a saved view pins it."""
