@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from memplan.budget import Budget
+from memplan.errors import MemplanWarning
 from memplan.planner import transfer_cost
 from memplan.planner.capture import compile_training_step
 from memplan.planner.options import PlanOptions
@@ -58,3 +59,24 @@ def test_a_plan_prices_the_calls_where_it_may_offload(tmp_path, offload):
     priced = partitioner.lowered[-1].graph.transfer_seconds
     assert priced == (transfer_seconds(CPU, cache=cache) if offload else 0.0)
     assert (priced > 0) == offload
+
+
+def test_calls_that_fail_to_run_are_priced_at_the_estimate_with_a_warning_and_not_cached(
+    tmp_path, monkeypatch
+):
+    measured, made = transfer_cost._measured, []
+
+    def failing_once(device: torch.device) -> float:
+        made.append(device)
+        if len(made) == 1:
+            raise RuntimeError("cannot pin host memory")
+        return measured(device)
+
+    monkeypatch.setattr(transfer_cost, "_measured", failing_once)
+    cache = ProfileCache(tmp_path / "p.json")
+    with pytest.warns(MemplanWarning, match="cannot pin host memory"):
+        assert transfer_seconds(CPU, cache=cache) == ESTIMATED_SECONDS
+    again = transfer_seconds(CPU, cache=cache)  # the estimate was not cached: measured now
+    assert len(made) == 2 and again != ESTIMATED_SECONDS
+    assert transfer_seconds(CPU, cache=ProfileCache(tmp_path / "p.json")) == again
+    assert len(made) == 2

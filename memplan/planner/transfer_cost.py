@@ -11,17 +11,22 @@ to) each adds to the step. On an H200 (2026-11-28, docs/gpu.md) a round trip too
 nothing, plans offloading 45 tensors were predicted faster than recomputing and ran three
 times slower.
 
-Measured once per device and torch version, and kept in the profile cache.
+Measured once per device and torch version, and kept in the profile cache. Where the calls
+fail to run (a device short of pinned host memory, say), the estimate is used with a
+MemplanWarning that names the failure, and nothing is cached, as profile.py does for a
+node that cannot run alone.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+import warnings
 
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from memplan.errors import MemplanWarning
 from memplan.passes.offload import OFFLOAD, PREFETCH, RELEASE, WAIT
 from memplan.planner.profile_cache import Cost, ProfileCache, device_name
 
@@ -36,7 +41,7 @@ def transfer_seconds(
     device: torch.device, *, measure: bool = True, cache: ProfileCache | None = None
 ) -> float:
     """The host seconds of one transfer's calls on `device` (half a round trip): measured
-    (or read from `cache`), or the estimate where `measure` is False."""
+    (or read from `cache`), or the estimate where `measure` is False or the calls fail."""
     if not measure:
         return ESTIMATED_SECONDS
     key = f"memplan.transfer_calls|{device.type}|{device_name(device)}|{torch.__version__}"
@@ -44,8 +49,17 @@ def transfer_seconds(
     if cached is not None:
         return cached.seconds
     # AOTAutograd plans under its fake tensor mode: the calls are timed on real tensors.
-    with unset_fake_temporarily():
-        seconds = _measured(device)
+    try:
+        with unset_fake_temporarily():
+            seconds = _measured(device)
+    except RuntimeError as error:
+        warnings.warn(
+            f"memplan's transfer ops could not be timed on {device} ({error}): each "
+            f"transfer's host calls are priced at the estimate, {ESTIMATED_SECONDS * 1e6:.0f} us",
+            MemplanWarning,
+            stacklevel=2,
+        )
+        return ESTIMATED_SECONDS
     if cache is not None:
         cache.update({key: Cost(seconds, 0)})
     return seconds
