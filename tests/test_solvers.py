@@ -360,6 +360,45 @@ def test_greedy_keeps_again_what_its_descent_released_needlessly():
     assert _needless_releases(g, result.decisions, budget, None) == []
 
 
+def _inlined(backward_reads_a: bool) -> Graph:
+    """x; a = f(x), 1 s; b = relu(a), priced at 0 s (Inductor inlines it into its readers);
+    out = sum(b); the backward reads b, and a where `backward_reads_a`."""
+    return Graph(
+        nodes=(
+            Node(0, "x", "input", bytes=8, kind=NodeKind.INPUT),
+            Node(1, "a", "f", (0,), bytes=10, time=1.0),
+            Node(2, "b", "relu", (1,), bytes=10, time=0.0),
+            Node(3, "out", "sum", (2,), bytes=4, time=1.0),
+            Node(4, "t", "tangent", bytes=4, kind=NodeKind.TANGENT),
+            Node(5, "db", "backward", (4, 2), bytes=10, time=1.0, is_backward=True),
+            Node(
+                6,
+                "da",
+                "backward",
+                (5, 1) if backward_reads_a else (5,),
+                bytes=10,
+                time=1.0,
+                is_backward=True,
+            ),
+        ),
+        outputs=(3, 6),
+    )
+
+
+@pytest.mark.parametrize("backward_reads_a", [True, False])
+def test_greedy_recomputes_within_the_budget_what_costs_nothing_to_recompute(backward_reads_a):
+    # Kept, b would be written by the forward and read back by the backward: time the
+    # node times do not show. Recomputed from a kept a, it costs nothing; where a is not
+    # kept, its chain runs f again, and b stays kept.
+    graph = _inlined(backward_reads_a)
+    budget = peak_of(graph, keep_all(graph, 10**9, NO_LINK))
+    result = greedy(graph, budget, NO_LINK)
+    assert result.status == "feasible" and peak_of(graph, result) <= budget
+    expected = Decision.RECOMPUTE if backward_reads_a else Decision.KEEP
+    assert result.decisions[2] is expected
+    assert result.objective == simulate(graph, keep_all(graph, 10**9, NO_LINK).schedule).time
+
+
 # --- properties on training-shaped graphs -------------------------------------------------
 
 

@@ -34,8 +34,9 @@ from memplan.planner.profile_cache import device_name
 # owner with the owner's chain; v4: a solve that ran to its time limit is no longer kept,
 # so the plans v3 kept from such solves are dropped; v5: greedy keeps again, within the
 # budget, what its descents released needlessly; v6: a transfer's host calls are priced,
-# Graph.transfer_seconds, and are in the key).
-PLAN_DIR = "plans-v6"
+# Graph.transfer_seconds, and are in the key; v7: greedy recomputes, where the budget has
+# room, what costs nothing to recompute).
+PLAN_DIR = "plans-v7"
 # Options that change how a plan is shown, not what it is.
 _NOT_IN_KEY = ("progress",)
 

@@ -12,7 +12,8 @@ the gap to the budget can use: one simulation instead of one per layer while the
 far above the budget, one storage at a time close to it.
 
 Within a budget, the fastest state found is refined: released storages are kept again
-where the budget has room for them and the step gets faster (_kept_again).
+where the budget has room for them and the step gets faster (_kept_again). Last, storages
+that cost nothing to recompute are released where the peak has room (_recomputed_for_free).
 """
 
 from __future__ import annotations
@@ -122,6 +123,9 @@ def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResu
         chosen = min(fitting, key=lambda s: (s.time, s.peak))
     else:
         chosen = min(passed, key=lambda s: (s.peak, s.time))
+    # Within the budget, or where none fits no higher than the least peak found.
+    room = budget if fitting and budget is not None else chosen.peak
+    chosen = _recomputed_for_free(graph, simulations, chosen, room, deadline, options)
     schedule, trace = simulate_decisions(graph, chosen.decisions, options.bandwidth)
     return judged(
         "greedy",
@@ -279,6 +283,37 @@ def _kept_again(
                 if trace.peak <= budget and trace.time < state.time:
                     state, kept_one = _State(trace.time, trace.peak, proposal), True
                     break
+    return state
+
+
+def _recomputed_for_free(
+    graph: Graph,
+    simulate: _Simulations,
+    state: _State,
+    room: int,
+    deadline: float,
+    options: SolverOptions,
+) -> _State:
+    """`state` with each kept storage that costs no time to recompute released, where the
+    peak stays within `room` and the step is no slower. The node times price such a
+    storage the same kept or recomputed, and keeping it costs what they do not show:
+    a node priced at 0 s is one Inductor inlines into every kernel that reads it
+    (planner/fusion.py), and kept, the forward must write it out and the backward read it
+    back. On CNN's last block a kept ReLU read only by a mean and by its own backward made
+    the compiled step 3.5% slower than recomputing it (docs/measurement.md)."""
+    for owner, members in saved_storages(graph).items():
+        if graph[owner].time > 0 or not _all_kept(members, state.decisions):
+            continue
+        if time.perf_counter() > deadline:
+            break
+        proposal = {**state.decisions}
+        proposal.update((v, Decision.RECOMPUTE) for v in members)
+        try:
+            trace = simulate(proposal, options.bandwidth)
+        except InvalidSchedule:
+            continue
+        if trace.peak <= room and trace.time <= state.time:
+            state = _State(trace.time, trace.peak, proposal)
     return state
 
 
