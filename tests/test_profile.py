@@ -153,6 +153,35 @@ def test_two_processes_updating_one_cache_keep_each_other_s_entries(tmp_path):
     assert second.get("a") == Cost(1.0, 0)  # and the writer now knows them too
 
 
+def test_a_key_s_first_cost_stays(tmp_path):
+    """A cost measured again for a cached key (another process profiling a graph that
+    shares it) does not replace the first: plans made with it would otherwise differ from
+    the next plan of the same graph."""
+    path = tmp_path / "p.json"
+    first, second = ProfileCache(path), ProfileCache(path)
+    assert first.get("a") is None and second.get("a") is None  # both read the empty file
+    assert first.update({"a": Cost(1.0, 0)}) == {"a": Cost(1.0, 0)}
+    stored = second.update({"a": Cost(5.0, 4), "b": Cost(2.0, 8)})
+    assert stored == {"a": Cost(1.0, 0), "b": Cost(2.0, 8)}
+    assert ProfileCache(path).get("a") == Cost(1.0, 0)
+
+
+def test_a_partly_cached_graph_keeps_its_cached_costs(joint, tmp_path, measures):
+    path = tmp_path / "p.json"
+    profile_graph(joint, cache=ProfileCache(path), **FAST)
+    nodes = _tensor_work(joint)
+    kept, dropped = (profile.node_key(n, CPU) for n in (nodes[0], nodes[-1]))
+    entries = json.loads(path.read_text())
+    entries[kept] = [7.0, 3]  # no measurement reads this
+    del entries[dropped]
+    path.write_text(json.dumps(entries))
+    found = profile_graph(joint, cache=ProfileCache(path), **FAST)
+    assert len(measures) == 2  # the dropped key made the graph run again
+    assert (found.seconds[nodes[0].name], found.workspace[nodes[0].name]) == (7.0, 3)
+    assert 0 < found.seconds[nodes[-1].name] < 7.0
+    assert ProfileCache(path).get(dropped) is not None
+
+
 def test_cache_dir_defaults_to_the_users_cache(tmp_path, monkeypatch):
     monkeypatch.delenv("MEMPLAN_CACHE_DIR", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))

@@ -131,7 +131,8 @@ def _cached_or_measured(
     repeats: int,
     progress: bool,
 ) -> dict[str, Cost]:
-    """A Cost per key: all from `cache` if it has every key, else one measurement of `gm`."""
+    """A Cost per key: all from `cache` if it has every key, else one measurement of `gm`
+    for the keys it lacks (a key another process cached meanwhile takes its cost)."""
     unique = set(keys.values())
     cached = {k: cache.get(k) for k in unique} if cache is not None else {}
     hits = {k: c for k, c in cached.items() if c is not None}
@@ -148,9 +149,12 @@ def _cached_or_measured(
             stacklevel=4,
         )
     measured = _measure(gm, keys, device, warmup, repeats, progress, transients_readable)
+    # The whole graph ran again, hits included: the cached costs stand, so that a graph
+    # planned before with them sees the same times now.
+    costs = {**measured, **hits}
     if cache is not None and transients_readable:
-        cache.update(measured)
-    return measured
+        costs.update(cache.update({k: c for k, c in measured.items() if k not in hits}))
+    return costs
 
 
 def _measure(

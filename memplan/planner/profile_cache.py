@@ -35,7 +35,8 @@ class Cost(NamedTuple):
 
 
 class ProfileCache:
-    """A Cost per `node_key`, read from `path` on first use and rewritten whole on update.
+    """A Cost per `node_key`, read from `path` on first use and rewritten whole on update;
+    a key's first cost is its cost for good.
 
     A missing or corrupt file, or a corrupt entry, reads as empty: the cache is only ever a
     shortcut.
@@ -48,15 +49,20 @@ class ProfileCache:
     def get(self, key: str) -> Cost | None:
         return self._load().get(key)
 
-    def update(self, costs: Mapping[str, Cost]) -> None:
-        """Add `costs` and write the file atomically, so no reader sees half of it. The
-        file is read again under a lock first: another process (a test worker, a second
-        training job) may have added entries since this one read it, and writing back only
-        what this one knew would drop them."""
+    def update(self, costs: Mapping[str, Cost]) -> dict[str, Cost]:
+        """Add `costs` and write the file atomically, so no reader sees half of it; return
+        the cost the cache holds for each key of `costs`.
+
+        The first cost written for a key stays: one measured again (another process
+        profiling a graph that shares the key, or this one a graph that only partly hit)
+        is dropped, so that every later plan in every process sees the times the first
+        plan saw and decides the same. The file is read again under a lock first: another
+        process (a test worker, a second training job) may have added entries since this
+        one read it, and writing back only what this one knew would drop them."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_name(self.path.name + ".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released as the file closes
-            entries = {**(self._entries or {}), **_read(self.path), **costs}
+            entries = {**costs, **(self._entries or {}), **_read(self.path)}
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name, suffix=".tmp")
             try:
                 with os.fdopen(fd, "w") as f:
@@ -66,6 +72,7 @@ class ProfileCache:
                 os.unlink(tmp)
                 raise
         self._entries = entries
+        return {key: entries[key] for key in costs}
 
     def _load(self) -> dict[str, Cost]:
         if self._entries is None:

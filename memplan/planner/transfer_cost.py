@@ -61,7 +61,7 @@ def transfer_seconds(
         )
         return ESTIMATED_SECONDS
     if cache is not None:
-        cache.update({key: Cost(seconds, 0)})
+        return cache.update({key: Cost(seconds, 0)})[key].seconds
     return seconds
 
 
