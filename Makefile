@@ -6,8 +6,9 @@ export HF_HUB_OFFLINE := 1
 
 # Test workers: one per core, at most 8. Each test process reads its own allocator, so
 # workers do not disturb one another's peaks; tests assert no times.
+# The twenty slowest tests are listed at the end, to keep the run short.
 TEST_WORKERS ?= auto
-PYTEST := $(BIN)/python -m pytest -q -p no:logging -n $(TEST_WORKERS) --maxprocesses 8 --dist worksteal
+PYTEST := $(BIN)/python -m pytest -q -p no:logging --durations=20 -n $(TEST_WORKERS) --maxprocesses 8 --dist worksteal
 
 .PHONY: demo test test-slow lint bench clean
 

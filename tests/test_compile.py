@@ -206,19 +206,30 @@ INDUCTOR_EXAMPLES = {
 }
 
 
+# In float64 a reordered reduction moves a gradient by about 1e-14 of its largest element;
+# one float32 rounding anywhere in the step would move it by about 1e-7.
+FLOAT64_TOLERANCE = 1e-9
+
+
+def in_float64(example: Example) -> Example:
+    """A copy of `example` with its model and floating inputs in float64."""
+    inputs = tuple(x.double() if x.is_floating_point() else x for x in example.inputs)
+    return dataclasses.replace(example, model=copy.deepcopy(example.model).double(), inputs=inputs)
+
+
 @pytest.mark.parametrize("name", list(INDUCTOR_EXAMPLES))
 def test_inductor_trains_like_eager_within_the_budget(name: str) -> None:
-    """Inductor (the default) compiles the planned graphs, recomputation included, at 70%
-    and at the least: gradients to inductor's own tolerance, and the allocator's peak of
-    the compiled step within the budget and within 5% of the prediction of what Inductor
-    runs (ResNet's kernels hold more than its planned graphs: it is planned again lower)."""
+    """Inductor (the default) compiles the planned graphs, recomputation included: at the
+    least, gradients equal to eager's as far as plain Inductor's are; at 70% and at the
+    least, the allocator's peak of the compiled step within the budget and within 5% of the
+    prediction of what Inductor runs (ResNet's kernels hold more than its planned graphs: it
+    is planned again lower)."""
     check_inductor_within_budget(INDUCTOR_EXAMPLES[name]())
 
 
 def check_inductor_within_budget(example: Example) -> None:
     """The assertions of the test above, for `example` on its own device."""
-    expected = eager_grads(example)
-    tolerance = inductor_errors(example, expected)
+    check_inductor_numerics(in_float64(example))
     for budget in ["70%", LEAST]:
         torch._dynamo.reset()
         backend = memplan.backend(budget=budget, progress=False)
@@ -233,13 +244,41 @@ def check_inductor_within_budget(example: Example) -> None:
         # host (on an H200, 2026-11-27, the MLP's least plan recomputed nothing).
         counts = plan.counts()
         assert counts["recompute"] + counts["offload"] > 0 or budget != LEAST
-        errors = max_grad_errors(model, expected)
-        assert all(e <= t for e, t in zip(errors, tolerance, strict=True)), (errors, tolerance)
         measured = steady_step_peak(compiled, model, example.inputs)
         # The prediction of what Inductor runs, read by the allocator.
         assert plan.compiled_peak and plan.peak <= plan.budget
         assert measured <= plan.budget, (budget, measured, plan.budget, plan.peak)
         assert abs(measured / plan.peak - 1) <= 0.05, (budget, measured, plan.peak)
+
+
+def check_inductor_numerics(example: Example) -> None:
+    """`example` (in float64) planned at its least under Inductor: per parameter, the
+    gradient no farther from eager's than plain Inductor's, give or take FLOAT64_TOLERANCE
+    of its largest element.
+
+    Float64, because in float32 the order in which fused kernels reduce decides the last
+    digits, and a recomputation changes what is fused: ResNet's least plan (27 recomputed)
+    read up to 1.1e-3 from eager in float32, up to 2.4 times twice the larger distance of
+    plain Inductor and of a plan keeping all; the same plan in float64 read 1.6e-15, as
+    plain Inductor did. Plain Inductor itself is
+    not exact in float64: on GPT-2 it reads 3.5e-10 from eager, and so does every plan
+    (CPU, 2026-11-29)."""
+    expected = eager_grads(example)
+    torch._dynamo.reset()
+    inductor = copy.deepcopy(example.model)
+    train_step(torch.compile(inductor, backend="inductor"), example.inputs)()
+    torch._dynamo.reset()
+    backend = memplan.backend(budget=LEAST, progress=False)
+    model = copy.deepcopy(example.model)
+    with pytest.warns(MemplanWarning):
+        train_step(torch.compile(model, backend=backend), example.inputs)()
+    (plan,) = backend.plans
+    assert plan.counts()["recompute"] + plan.counts()["offload"] > 0
+    own_errors = max_grad_errors(inductor, expected)
+    for (name, param), own in zip(model.named_parameters(), own_errors, strict=True):
+        scale = expected[name].abs().max().item()
+        error = (param.grad - expected[name]).abs().max().item()
+        assert error <= own + FLOAT64_TOLERANCE * scale, (name, error, own, scale)
 
 
 def small_gpt2() -> Example:
