@@ -35,8 +35,9 @@ from memplan.planner.profile_cache import device_name
 # so the plans v3 kept from such solves are dropped; v5: greedy keeps again, within the
 # budget, what its descents released needlessly; v6: a transfer's host calls are priced,
 # Graph.transfer_seconds, and are in the key; v7: greedy recomputes, where the budget has
-# room, what costs nothing to recompute).
-PLAN_DIR = "plans-v7"
+# room, what costs nothing to recompute; v8: greedy also descends from the director's least
+# state where its own descents miss the budget).
+PLAN_DIR = "plans-v8"
 # Options that change how a plan is shown, not what it is.
 _NOT_IN_KEY = ("progress",)
 
