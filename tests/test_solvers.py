@@ -452,6 +452,17 @@ def test_greedy_meets_its_own_least_peak(g, bandwidth):
 
 
 @PROPERTY
+@given(training_graphs(), st.sampled_from([None, 20.0]))
+def test_greedy_reaches_the_director_s_least_peak(g, bandwidth):
+    """Greedy's descents keep a release only if the peak does not rise, so alone they can
+    stop above a peak that releases made together reach; they descend from the director's
+    least state too, and meet any budget it meets."""
+    directed = peak_of(g, get_solver("director")(g, None, _options(bandwidth)), bandwidth)
+    assert peak_of(g, greedy(g, None, _options(bandwidth)), bandwidth) <= directed
+    assert greedy(g, directed, _options(bandwidth)).status == "feasible"
+
+
+@PROPERTY
 @given(training_graphs(), st.floats(0.3, 1.0), st.sampled_from([None, 20.0]))
 def test_greedy_leaves_no_release_that_the_budget_could_keep_faster(g, share, link):
     full = peak_of(g, keep_all(g, 10**12, _options(None)), None)
