@@ -290,10 +290,18 @@ def test_greedy_reports_infeasible_with_its_least_peak():
     assert peak_of(g, result) == least  # the best schedule it found comes back anyway
 
 
+def one_release_under_keep_all(g: Graph) -> int:
+    """A budget one byte under keep-all's peak: one release meets it, so the fastest
+    release wins. (With budget None the least peak wins: on these chains recomputing one
+    activation and offloading another, the director's least state, peaks 1 B under
+    offloading one.)"""
+    return peak_of(g, keep_all(g, 10**9, NO_LINK)) - 1
+
+
 def test_greedy_offloads_over_a_fast_link_instead_of_recomputing():
     g = chain_graph(4, act_bytes=100, param_bytes=1)
     options = SolverOptions(bandwidth=1e6)  # 100 B copies take 0.1 ms
-    result = greedy(g, None, options)
+    result = greedy(g, one_release_under_keep_all(g), options)
     assert Decision.OFFLOAD in result.decisions.values()
     assert Decision.RECOMPUTE not in result.decisions.values()
     trace = simulate(g, result.schedule, bandwidth=1e6)
@@ -310,7 +318,7 @@ def test_greedy_prices_a_transfer_s_host_calls(transfer_seconds, chosen):
     g = dataclasses.replace(
         chain_graph(4, act_bytes=100, param_bytes=1), transfer_seconds=transfer_seconds
     )
-    result = greedy(g, None, SolverOptions(bandwidth=1e6))
+    result = greedy(g, one_release_under_keep_all(g), SolverOptions(bandwidth=1e6))
     released = [d for d in result.decisions.values() if d is not Decision.KEEP]
     assert released == [chosen]
     trace = simulate(g, result.schedule, bandwidth=1e6)
