@@ -288,7 +288,7 @@ def with_frees(graph: Graph, steps: Iterable[Step], keep: Iterable[int] = ()) ->
 
     for index, step in enumerate(steps):
         if isinstance(step, Compute):
-            for source in dict.fromkeys(graph[step.node].inputs):
+            for source in graph[step.node].inputs:
                 last_read[source] = index
             close(step.node)
             made_at[step.node] = index
@@ -303,7 +303,8 @@ def with_frees(graph: Graph, steps: Iterable[Step], keep: Iterable[int] = ()) ->
     out: list[Step] = []
     for index, step in enumerate(steps):
         out.append(step)
-        out.extend(Free(v) for v in sorted(free_after.get(index, ())))
+        if index in free_after:
+            out.extend(Free(v) for v in sorted(free_after[index]))
     return out
 
 

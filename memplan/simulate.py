@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from memplan.errors import InvalidSchedule
-from memplan.graph import Compute, Free, Graph, NodeKind, Offload, Prefetch, Schedule, Wait
+from memplan.graph import Compute, Free, Graph, NodeKind, Offload, Prefetch, Schedule, Step, Wait
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,10 @@ class _State:
         self.bandwidth = bandwidth or 0.0
         self.owner = graph.storage_owner
         self.resident: set[int] = set()  # nodes with a usable device copy
+        # Each time a node gains (True) or loses (False) a device copy or a prefetch in
+        # flight, in order: the nodes on the device at any step are replayed from it, far
+        # cheaper than copying the set at each new peak (every step of a forward).
+        self.arrivals: list[tuple[int, bool]] = []
         self.in_flight: dict[int, float] = {}  # prefetching node -> landing time
         self.instance: dict[int, int] = {}  # node with a device copy -> its storage instance
         self.members: dict[int, int] = {}  # live storage instance -> live copies in it
@@ -165,12 +169,13 @@ def simulate(
     state = _State(graph, bandwidth)
     for v in graph.resident_inputs:
         state.resident.add(v)
+        state.arrivals.append((v, True))
         if graph[v].alias_of is None:
             state.hold(v, graph[v].bytes)
         else:
             state.hold(v, 0, state.view_instance(v))
     baseline = state.memory
-    peak, peak_step, live_at_peak = baseline, -1, frozenset(state.resident)
+    peak, peak_step, arrivals_at_peak = baseline, -1, len(state.arrivals)
     live: list[int] = []
     clock: list[float] = []
 
@@ -179,44 +184,47 @@ def simulate(
         node = graph[step.node] if 0 <= step.node < len(graph) else None
         if node is None:
             raise InvalidSchedule(f"step {index}: unknown node id {step.node}")
-        where = f"step {index} ({type(step).__name__} {node.name})"
         held = 0  # a computed node's workspace, held during its step only
         if isinstance(step, Compute):
-            _compute(state, step.node, where)
+            _compute(state, step, index)
             held = node.workspace if node.kind is NodeKind.COMPUTE else 0
             if held:
                 state.workspaces.append(Allocation(step.node, held, index, index + 1, True))
         elif isinstance(step, Free):
             if step.node not in state.resident:
-                raise InvalidSchedule(f"{where}: frees a node with no device copy")
+                raise _invalid(graph, index, step, "frees a node with no device copy")
             if node.is_resident_input:
-                raise InvalidSchedule(f"{where}: frees a resident input")
+                raise _invalid(graph, index, step, "frees a resident input")
             busy_until = state.offload_end.pop(step.node, 0.0)
             if busy_until > state.now:  # the copy stream still reads this storage
                 state.stall += busy_until - state.now
                 state.now = busy_until
             state.resident.discard(step.node)
+            state.arrivals.append((step.node, False))
             state.release(step.node)
         elif isinstance(step, Offload):
-            _need_link(bandwidth, where)
+            _need_link(bandwidth, graph, index, step)
             if step.node not in state.resident or not node.offloadable:
-                raise InvalidSchedule(f"{where}: offloads a node that is absent or not offloadable")
+                raise _invalid(
+                    graph, index, step, "offloads a node that is absent or not offloadable"
+                )
             state.now += graph.transfer_seconds
             end = state.transfer(step.node, state.now)
             state.host_ready[step.node] = end
             state.offload_end[step.node] = end
         elif isinstance(step, Prefetch):
-            _need_link(bandwidth, where)
+            _need_link(bandwidth, graph, index, step)
             if step.node not in state.host_ready:
-                raise InvalidSchedule(f"{where}: prefetches a node that was never offloaded")
+                raise _invalid(graph, index, step, "prefetches a node that was never offloaded")
             if step.node in state.resident or step.node in state.in_flight:
-                raise InvalidSchedule(f"{where}: prefetches a node already on the device")
+                raise _invalid(graph, index, step, "prefetches a node already on the device")
             state.now += graph.transfer_seconds
             state.in_flight[step.node] = state.transfer(step.node, state.host_ready[step.node])
+            state.arrivals.append((step.node, True))
             state.hold(step.node, node.bytes)  # lands in a fresh allocation
         elif isinstance(step, Wait):
             if step.node not in state.in_flight:
-                raise InvalidSchedule(f"{where}: waits on a node with no prefetch in flight")
+                raise _invalid(graph, index, step, "waits on a node with no prefetch in flight")
             landed = state.in_flight.pop(step.node)
             if landed > state.now:
                 state.stall += landed - state.now
@@ -224,7 +232,7 @@ def simulate(
             state.resident.add(step.node)
         if state.memory + held > peak:
             peak, peak_step = state.memory + held, index
-            live_at_peak = frozenset(state.resident | state.in_flight.keys())
+            arrivals_at_peak = len(state.arrivals)
         live.append(state.memory + held)
         clock.append(state.now)
 
@@ -240,28 +248,29 @@ def simulate(
         stall=state.stall,
         live=tuple(live),
         clock=tuple(clock),
-        live_at_peak=live_at_peak,
+        live_at_peak=_on_device(state.arrivals[:arrivals_at_peak]),
         baseline=baseline,
         recorded=functools.partial(state.allocations, len(schedule.steps)),
     )
 
 
-def _compute(state: _State, v: int, where: str) -> None:
+def _compute(state: _State, step: Compute, index: int) -> None:
     graph = state.graph
+    v = step.node
     node = graph[v]
     if node.is_resident_input:
-        raise InvalidSchedule(f"{where}: computes a resident input")
+        raise _invalid(graph, index, step, "computes a resident input")
     if v in state.resident or v in state.in_flight:
-        raise InvalidSchedule(f"{where}: computes a node whose previous copy is still live")
+        raise _invalid(graph, index, step, "computes a node whose previous copy is still live")
     for source in node.inputs:
         if source not in state.resident:
-            raise InvalidSchedule(f"{where}: input {graph[source].name} is not on the device")
+            raise _invalid(graph, index, step, f"input {graph[source].name} is not on the device")
     if node.carved_from is not None:
         # A carved output owns its bytes: they move out of the producer's current instance
         # into a new instance of the carved node's own.
         if node.carved_from not in state.resident:
             parent = state.owner[node.carved_from]
-            raise InvalidSchedule(f"{where}: carved from {graph[parent].name}, which is absent")
+            raise _invalid(graph, index, step, f"carved from {graph[parent].name}, which is absent")
         parent_instance = state.instance[node.carved_from]
         taken = min(node.bytes, state.account[parent_instance])
         state.account[parent_instance] -= taken
@@ -272,15 +281,35 @@ def _compute(state: _State, v: int, where: str) -> None:
     elif node.alias_of is not None:
         instance = state.view_instance(v)
         if instance is None:
-            raise InvalidSchedule(f"{where}: views storage of {graph[state.owner[v]].name}, freed")
+            raise _invalid(
+                graph, index, step, f"views storage of {graph[state.owner[v]].name}, freed"
+            )
         state.hold(v, 0, instance)
     else:
         state.hold(v, node.bytes)  # a fresh allocation, even if old views pin an older copy
     state.resident.add(v)
+    state.arrivals.append((v, True))
     if node.kind is NodeKind.COMPUTE:
         state.now += node.time
 
 
-def _need_link(bandwidth: float | None, where: str) -> None:
+def _need_link(bandwidth: float | None, graph: Graph, index: int, step: Step) -> None:
     if bandwidth is None or bandwidth <= 0:
-        raise InvalidSchedule(f"{where}: a transfer needs a host link bandwidth")
+        raise _invalid(graph, index, step, "a transfer needs a host link bandwidth")
+
+
+def _invalid(graph: Graph, index: int, step: Step, what: str) -> InvalidSchedule:
+    """The error for step `index` of a schedule, saying where it fails: made only on
+    failing, as the simulations solvers run by the thousand mostly do not."""
+    return InvalidSchedule(f"step {index} ({type(step).__name__} {graph[step.node].name}): {what}")
+
+
+def _on_device(arrivals: list[tuple[int, bool]]) -> frozenset[int]:
+    """The nodes with a device copy or a prefetch in flight after `arrivals` (_State)."""
+    present: set[int] = set()
+    for v, arrived in arrivals:
+        if arrived:
+            present.add(v)
+        else:
+            present.discard(v)
+    return frozenset(present)
