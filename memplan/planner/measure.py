@@ -145,8 +145,9 @@ def measure_peak(
     if method not in _METHODS:
         raise ValueError(f"unknown measure method {method!r}; expected one of {sorted(_METHODS)}")
     # Garbage from earlier work, collected in the middle of the step, would show up as frees
-    # of blocks the step never allocated: collect it first and hold the collector off.
-    gc.collect()
+    # of blocks the step never allocated: the collector is held off. Not collected first:
+    # held before the step, that garbage is no part of the peak above the step's start, and
+    # after a compile a full collection takes about half a second (CPU, 2026-11-29).
     gc.disable()
     try:
         peak, seconds = _METHODS[method](step, resident, device)

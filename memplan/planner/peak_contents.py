@@ -56,7 +56,6 @@ def live_at_peak(step: Callable[[], object], device: torch.device) -> list[LiveB
     """Run `step()` once and return the blocks it allocated that were live at its peak,
     grouped by size and site, the largest groups (by bytes) first."""
     device = torch.device(device)
-    gc.collect()
     gc.disable()  # garbage freed mid-step would show as frees of blocks it never made
     try:
         recorded = _cuda_recording(step, device) if device.type == "cuda" else _cpu(step, device)
