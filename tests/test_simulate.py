@@ -412,6 +412,8 @@ def test_simulate_topological_order_with_frees(g):
     assert min(trace.live, default=0) >= 0
     assert trace.peak == max(trace.baseline, *trace.live)
     assert trace.baseline == resident_bytes(g, set(g.resident_inputs), set())
+    if trace.peak_step == -1:
+        assert trace.live_at_peak == set(g.resident_inputs)
     # an independent replay: the bytes of the storages of the live nodes, step by step
     # (plus a computed node's workspace, in its own step)
     live, computed, elapsed = set(g.resident_inputs), set(), 0.0
@@ -426,6 +428,8 @@ def test_simulate_topological_order_with_frees(g):
             live.discard(step.node)
         assert trace.live[index] == resident_bytes(g, live, computed) + held
         assert trace.clock[index] == elapsed
+        if index == trace.peak_step:
+            assert trace.live_at_peak == live
     # at the end exactly the resident inputs and the outputs hold device memory
     assert live == set(g.resident_inputs) | set(g.outputs)
     end = trace.live[-1] if trace.live else trace.baseline
