@@ -19,13 +19,15 @@ Under Inductor, a plan's peak is checked as Inductor compiled it (planner/compil
 where Inductor's kernels hold more than the planned graphs, the graph is planned again at a
 budget lowered by the excess, and where fusion leaves room over COMPILED_SLACK of the
 budget, at one raised by it (up to INDUCTOR_ROUNDS times; a graph planned best effort is
-not planned again). Where no round holds the budget, the least-memory plan (LEAST_AIM) is
-compiled as well. `Plan.compiled_peak` is the prediction of what runs. Where no round of
-a graph with convolutions holds its budget with Inductor's layout optimization (planned
-best effort: none within its unfused prediction), its least-memory plan is compiled with
-it, and where that does not hold either, the graph is planned again without it; a round
-with it is kept where one holds (its kernels are faster), else the one that holds, else
-the least. A graph whose check cannot run with it is compiled without it.
+not planned again, a plan made again is not compiled again, and the aim is not lowered
+again after a lowered round that peaked no lower). Where no round holds the budget, the
+least-memory plan (LEAST_AIM) is compiled as well. `Plan.compiled_peak` is the
+prediction of what runs. Where no round of a graph with convolutions holds its budget with
+Inductor's layout optimization (planned best effort: none within its unfused prediction),
+its least-memory plan is compiled with it, and where that does not hold either, the graph
+is planned again without it; a round with it is kept where one holds (its kernels are
+faster), else the one that holds, else the least. A graph whose check cannot run with it
+is compiled without it.
 
 Plans are kept on disk by the graph's structure (planner/plan_cache.py): compiling the
 same model with the same budget again, in this process or the next, applies the plan
@@ -46,10 +48,11 @@ from torch._dynamo.backends.common import aot_autograd
 
 from memplan.budget import Budget
 from memplan.errors import InfeasibleBudget, MemplanError, MemplanWarning, first_line
+from memplan.graph import Schedule
 from memplan.planner.capture import boxed_runner
 from memplan.planner.compiled_peak import CompiledGraphs, compiled_peak
 from memplan.planner.options import PlanOptions
-from memplan.planner.plan import Partitioner, Resident
+from memplan.planner.plan import Partitioner, RepeatedPlan, Resident
 from memplan.planner.plan_file import Plan
 from memplan.planner.shapes import signature_of, size_symbols
 from memplan.shape_dispatch import ShapeDispatch
@@ -129,11 +132,18 @@ def _inductor(settings: dict[str, Any]) -> Callable[..., Any]:
 @dataclasses.dataclass(frozen=True)
 class Round:
     """One compile of a graph under Inductor: the compiled step, its plan (with its peak as
-    compiled, where the check ran) and the inner compiler that compiled it."""
+    compiled, where the check ran), the inner compiler that compiled it, and what makes
+    the plan that plan (Partitioner.compiled): the way of its convolutions' copies and its
+    schedule."""
 
     compiled: Callable[..., Any]
     plan: Plan
     inner: Callable[..., Any]
+    schedule: Schedule
+
+    @property
+    def way(self) -> str:
+        return str(self.plan.options["convolution_copies"])
 
 
 class MemplanBackend:
@@ -299,7 +309,7 @@ class MemplanBackend:
                 # first; where that does not hold either, the graph is planned again
                 # without it, from its budget as first asked.
                 if not planned_least:
-                    rounds.append(self._round(gm, example_inputs, partitioner, inner, LEAST_AIM))
+                    self._least_round(gm, example_inputs, partitioner, rounds, inner)
                     least_tried.append(inner)
                 if planned_least or all(r.plan.peak > target for r in rounds):
                     partitioner.options, partitioner.budget = options, budget
@@ -314,7 +324,7 @@ class MemplanBackend:
             if not planned_least and all(r.plan.peak > target for r in rounds):
                 for way in self._least_ways(partitioner, inner, layout_checked):
                     if way not in least_tried:
-                        rounds.append(self._round(gm, example_inputs, partitioner, way, LEAST_AIM))
+                        self._least_round(gm, example_inputs, partitioner, rounds, way)
         finally:
             partitioner.options, partitioner.budget = options, budget
         index = _kept_round([r.plan for r in rounds], target)
@@ -369,35 +379,65 @@ class MemplanBackend:
     ) -> None:
         """Up to INDUCTOR_ROUNDS more rounds after the last of `rounds`, compiled as it was,
         each planned at a budget moved by the last one's peak as compiled (_next_aim) until
-        none would differ, or the aim is within SAME_AIM of a round's compiled this way;
+        none would differ, the aim is within SAME_AIM of a round's compiled this way, the
+        plan made is one compiled this way already, or a lower aim bought no lower peak;
         `rounds` grows by each."""
         if partitioner.reuse is not None:
             return  # the decisions are fixed: planned at any aim, the plan is the same
         inner = rounds[-1].inner
         tried = [r.plan.budget for r in rounds if r.inner is inner]
         for _ in range(INDUCTOR_ROUNDS):
-            aim = _next_aim(rounds[-1].plan, target)
+            ours = [r.plan for r in rounds if r.inner is inner]
+            aim = _next_aim(ours[-1], target)
             if aim is None or any(abs(aim - t) <= SAME_AIM * target for t in tried):
                 return
+            if len(ours) > 1 and _lowered_in_vain(ours[-2], ours[-1], target):
+                return
             tried.append(aim)
-            rounds.append(self._round(gm, example_inputs, partitioner, inner, aim))
+            made = self._round(gm, example_inputs, partitioner, rounds, inner, aim)
+            if made is None:
+                return  # more or less budget gave a plan compiled before: nothing new
+            rounds.append(made)
 
     def _round(
         self,
         gm: torch.fx.GraphModule,
         example_inputs: Sequence[Any],
         partitioner: Partitioner,
+        rounds: Sequence[Round],
         inner: Callable[..., Any],
         aim: int,
-    ) -> Round:
+    ) -> Round | None:
         """One more round of planning the graph, at `aim` bytes beyond what is resident,
-        compiled with `inner` and checked; the planner's warnings are not the user's."""
+        compiled with `inner` and checked; the planner's warnings are not the user's. None,
+        without compiling, where the plan made is one of `rounds` compiled with `inner`:
+        its peak as compiled is that round's."""
         partitioner.budget = Budget(bytes=aim + partitioner.resident.held)
+        partitioner.compiled = [(r.way, r.schedule) for r in rounds if r.inner is inner]
         start = len(partitioner.plans)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", MemplanWarning)
-            compiled, graphs = self._aot(gm, example_inputs, partitioner, inner)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", MemplanWarning)
+                compiled, graphs = self._aot(gm, example_inputs, partitioner, inner)
+        except RepeatedPlan:
+            return None
+        finally:
+            partitioner.compiled = []
         return self._checked(partitioner, start, compiled, graphs, inner)
+
+    def _least_round(
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        partitioner: Partitioner,
+        rounds: list[Round],
+        inner: Callable[..., Any],
+    ) -> None:
+        """The least-memory plan as a round compiled with `inner`, where it is not one of
+        `rounds` already."""
+        made = self._round(gm, example_inputs, partitioner, rounds, inner, LEAST_AIM)
+        if made is not None:
+            rounds.append(made)
 
     def _layout_on(self, inner: Callable[..., Any]) -> bool:
         """Whether Inductor compiled with `inner` applies its layout optimization."""
@@ -484,25 +524,25 @@ class MemplanBackend:
         """The round compiled with `inner`: its plan with the peak of what Inductor runs
         (none where the check cannot run: said in a warning, unless `quiet`, where the
         caller will compile the graph again)."""
-        plan = partitioner.plans[-1]
+        plan, schedule = partitioner.plans[-1], partitioner.schedules[-1]
         assert graphs is not None and len(partitioner.plans) == index + 1
         device = partitioner.lowered[-1].device
         try:
             peak = compiled_peak(plan, graphs.graphs, device)
         except Exception as error:  # a check that fails must not fail the user's compile
             if quiet:
-                return Round(compiled, plan, inner)
+                return Round(compiled, plan, inner, schedule)
             warnings.warn(
                 f"{plan.name}: the peak of the graphs as Inductor compiled them could not "
                 f"be checked ({first_line(error)}); the prediction is the unfused graphs'",
                 MemplanWarning,
                 stacklevel=4,
             )
-            return Round(compiled, plan, inner)
+            return Round(compiled, plan, inner, schedule)
         if plan.status == "best-effort":
             # At the least, the least is what Inductor runs.
             plan = dataclasses.replace(plan, budget=max(plan.budget, peak))
-        return Round(compiled, dataclasses.replace(plan, compiled_peak=peak), inner)
+        return Round(compiled, dataclasses.replace(plan, compiled_peak=peak), inner, schedule)
 
 
 def _layout_may_cost(partitioner: Partitioner, plans: Sequence[Plan], target: int) -> bool:
@@ -549,6 +589,13 @@ def _next_aim(plan: Plan, target: int) -> int | None:
     # Below the plan's own simulated peak, which can lie well under its budget: a budget
     # lowered from above it could give the same plan again.
     return max(1, min(plan.budget, plan.predicted_peak) + room)
+
+
+def _lowered_in_vain(before: Plan, last: Plan, target: int) -> bool:
+    """Whether `last`, planned lower because `before` peaked over `target` as compiled,
+    peaks no lower: its fused kernels hold what the plan saved, and lower aims are
+    unlikely to do better than the least-memory plan, which is tried where none holds."""
+    return before.peak > target and last.peak >= before.peak
 
 
 def _kept_round(plans: Sequence[Plan], target: int) -> int:

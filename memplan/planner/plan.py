@@ -248,6 +248,15 @@ def _make_plan(
     )
 
 
+class RepeatedPlan(Exception):
+    """Raised by a Partitioner, before it rewrites the graph, where the plan it made is one
+    its caller listed in `Partitioner.compiled`: what compiling it would give is known."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(f"the plan is the one compiled as number {index}")
+        self.index = index
+
+
 class Partitioner:
     """memplan's partition function for AOTAutograd: plans each joint graph it is given
     and returns the rewritten forward and backward. `plans` collects one Plan per graph."""
@@ -279,6 +288,10 @@ class Partitioner:
         # A last look at each graph, its times set, before it is solved: tools/fit.py
         # divides it per FSDP rank there, and stops where no plan can fit.
         self.before_solving: Callable[[Graph], Graph] | None = None
+        # Plans the caller has compiled already, by the way their convolutions' copies are
+        # made and their schedule: one made again raises RepeatedPlan instead of being
+        # rewritten (the torch.compile backend's rounds, backends.py).
+        self.compiled: list[tuple[str, Schedule]] = []
         self.plans: list[Plan] = []
         self.lowered: list[Lowered] = []
         self.schedules: list[Schedule] = []
@@ -329,6 +342,8 @@ class Partitioner:
             budget = Budget(bytes=asked)
             resident = dataclasses.replace(resident, held=0)
         way, (chosen, plan, schedule) = _faster(planned)
+        if (way, schedule) in self.compiled:
+            raise RepeatedPlan(self.compiled.index((way, schedule)))
         for warning in said[way]:
             _say_again(warning)
         # The plan records the way it was made, so that applying it again makes it that way.
