@@ -48,28 +48,28 @@ from torch._dynamo.backends.common import aot_autograd
 
 from memplan.budget import Budget
 from memplan.errors import InfeasibleBudget, MemplanError, MemplanWarning, first_line
-from memplan.graph import Schedule
 from memplan.planner.capture import boxed_runner
 from memplan.planner.compiled_peak import CompiledGraphs, compiled_peak
 from memplan.planner.options import PlanOptions
 from memplan.planner.plan import Partitioner, RepeatedPlan, Resident
 from memplan.planner.plan_file import Plan
+from memplan.planner.rounds import (
+    INDUCTOR_ROUNDS,
+    LEAST_AIM,
+    SAME_AIM,
+    Round,
+    has_convolutions,
+    kept_round,
+    layout_may_cost,
+    lowered_in_vain,
+    next_aim,
+    replanned_note,
+)
 from memplan.planner.shapes import signature_of, size_symbols
 from memplan.shape_dispatch import ShapeDispatch
 from memplan.units import format_bytes
 
 INNER_COMPILERS = ("inductor", "eager")
-# Per graph: how many times it may be planned again, at a budget moved by what Inductor's
-# compiled graphs peaked above (or below) the budget; the least-memory plan, tried where
-# none holds the budget, comes on top.
-INDUCTOR_ROUNDS = 3
-LEAST_AIM = 1  # bytes: a budget under every graph's least, planned best effort for it
-# Inductor's fusion can leave a plan well under its budget: where the room left is over
-# this share of the budget, the graph is planned again at a budget raised by it.
-COMPILED_SLACK = 0.05
-# A round's aim this close to one already tried (a share of the graph's budget) counts as
-# tried: the plan there is the same or nearly, and compiling it again costs a whole round.
-SAME_AIM = 0.001
 
 
 def _inductor_decompositions() -> dict[Any, Callable[..., Any]]:
@@ -127,23 +127,6 @@ def _inductor(settings: dict[str, Any]) -> Callable[..., Any]:
             return compile_fx_inner(gm, list(example_inputs))
 
     return compile_graph
-
-
-@dataclasses.dataclass(frozen=True)
-class Round:
-    """One compile of a graph under Inductor: the compiled step, its plan (with its peak as
-    compiled, where the check ran), the inner compiler that compiled it, and what makes
-    the plan that plan (Partitioner.compiled): the way of its convolutions' copies and its
-    schedule."""
-
-    compiled: Callable[..., Any]
-    plan: Plan
-    inner: Callable[..., Any]
-    schedule: Schedule
-
-    @property
-    def way(self) -> str:
-        return str(self.plan.options["convolution_copies"])
 
 
 class MemplanBackend:
@@ -301,7 +284,7 @@ class MemplanBackend:
             self._more_rounds(gm, example_inputs, partitioner, rounds, target)
             can_drop_layout = layout_checked and self.without_layout is not None
             plans = [r.plan for r in rounds]
-            if can_drop_layout and _layout_may_cost(partitioner, plans, target):
+            if can_drop_layout and layout_may_cost(partitioner, plans, target):
                 # Layout optimization is worth recomputing more (its channels-last kernels
                 # are much faster: docs/measurement.md), but the budget comes first. The
                 # rounds' aims can step past the plans that hold (a plan's peak as compiled
@@ -327,7 +310,7 @@ class MemplanBackend:
                         self._least_round(gm, example_inputs, partitioner, rounds, way)
         finally:
             partitioner.options, partitioner.budget = options, budget
-        index = _kept_round([r.plan for r in rounds], target)
+        index = kept_round([r.plan for r in rounds], target)
         compiled, plan, inner = rounds[index].compiled, rounds[index].plan, rounds[index].inner
         if plan.peak > target and not planned_least:
             warnings.warn(
@@ -354,7 +337,7 @@ class MemplanBackend:
             budget=target,
             requested_budget=first_plan.requested_budget,
             requested_as=first_plan.requested_as,
-            note=plan.note if index == 0 else _replanned_note(plan, target),
+            note=plan.note if index == 0 else replanned_note(plan, target),
             # Each round's aim, its peak as compiled and whether Inductor's layout
             # optimization was on, for reports and benchmarks.
             options={
@@ -388,10 +371,10 @@ class MemplanBackend:
         tried = [r.plan.budget for r in rounds if r.inner is inner]
         for _ in range(INDUCTOR_ROUNDS):
             ours = [r.plan for r in rounds if r.inner is inner]
-            aim = _next_aim(ours[-1], target)
+            aim = next_aim(ours[-1], target)
             if aim is None or any(abs(aim - t) <= SAME_AIM * target for t in tried):
                 return
-            if len(ours) > 1 and _lowered_in_vain(ours[-2], ours[-1], target):
+            if len(ours) > 1 and lowered_in_vain(ours[-2], ours[-1], target):
                 return
             tried.append(aim)
             made = self._round(gm, example_inputs, partitioner, rounds, inner, aim)
@@ -454,7 +437,7 @@ class MemplanBackend:
         left layout optimization for a plan it took over the budget: a budget at that least
         is held only if the least plan is compiled both ways."""
         both = self.without_layout is not None and layout_checked
-        if not both or not _has_convolutions(partitioner):
+        if not both or not has_convolutions(partitioner):
             return [inner]
         return [self.inner, self.without_layout]
 
@@ -543,68 +526,6 @@ class MemplanBackend:
             # At the least, the least is what Inductor runs.
             plan = dataclasses.replace(plan, budget=max(plan.budget, peak))
         return Round(compiled, dataclasses.replace(plan, compiled_peak=peak), inner, schedule)
-
-
-def _layout_may_cost(partitioner: Partitioner, plans: Sequence[Plan], target: int) -> bool:
-    """Whether a graph Inductor compiled with its layout optimization may hold its budget
-    only without it: it has convolutions (the only graphs the optimization changes), and
-    every round's peak as compiled (`plans`) is above `target` or, planned best effort
-    (its budget then being what runs), above the unfused graphs' prediction."""
-    if not _has_convolutions(partitioner) or not all(p.compiled_peak for p in plans):
-        return False
-    return all(p.peak > (p.predicted_peak if p.status == "best-effort" else target) for p in plans)
-
-
-def _has_convolutions(partitioner: Partitioner) -> bool:
-    """Whether the graph last planned has convolutions: the only graphs Inductor's layout
-    optimization changes."""
-    joint = partitioner.lowered[-1].joint.graph
-    return bool(joint.find_nodes(op="call_function", target=torch.ops.aten.convolution.default))
-
-
-def _replanned_note(plan: Plan, target: int) -> str:
-    """What a plan made at a budget moved from `target` says of itself (a least-memory
-    round's planner note, of a budget under its least, is not the user's)."""
-    within = f"so that the graphs as Inductor compiled them peak within {format_bytes(target)}"
-    if plan.status == "best-effort":
-        return f"the least-memory plan, {within}"
-    said = f"{plan.note}; " if plan.note else ""
-    return f"{said}planned at {format_bytes(plan.requested_budget)} {within}"
-
-
-def _next_aim(plan: Plan, target: int) -> int | None:
-    """The budget to plan a graph at next, given a plan and its peak as Inductor compiled
-    it: lower by what it peaked above `target`, or higher by the room its fusion left
-    (less recomputation, a faster step) where that is over COMPILED_SLACK of the target;
-    None where the plan is as good as planning again can make it."""
-    room = target - plan.peak
-    if not plan.compiled_peak or plan.status == "best-effort":
-        return None
-    if 0 <= room <= COMPILED_SLACK * target:
-        return None
-    if room > 0:
-        if all(d == "keep" for d in plan.decisions.values()):
-            return None  # nothing to give back
-        return plan.budget + room
-    # Below the plan's own simulated peak, which can lie well under its budget: a budget
-    # lowered from above it could give the same plan again.
-    return max(1, min(plan.budget, plan.predicted_peak) + room)
-
-
-def _lowered_in_vain(before: Plan, last: Plan, target: int) -> bool:
-    """Whether `last`, planned lower because `before` peaked over `target` as compiled,
-    peaks no lower: its fused kernels hold what the plan saved, and lower aims are
-    unlikely to do better than the least-memory plan, which is tried where none holds."""
-    return before.peak > target and last.peak >= before.peak
-
-
-def _kept_round(plans: Sequence[Plan], target: int) -> int:
-    """Which round to keep: the fastest predicted within `target`, else the least peak;
-    where the first was planned best effort (for the least), the least peak."""
-    within = [i for i, p in enumerate(plans) if p.peak <= target]
-    if within and plans[0].status != "best-effort":
-        return min(within, key=lambda i: plans[i].predicted_time)
-    return min(range(len(plans)), key=lambda i: plans[i].peak)
 
 
 def backend(

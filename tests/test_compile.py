@@ -892,7 +892,7 @@ def test_a_round_is_not_compiled_again_at_an_aim_a_few_bytes_off_one_tried(
             peaks.append(target + 2**16)
         elif len(checked) == 2:
             peaks.append(int(0.8 * target))
-        else:  # _next_aim: min(budget, predicted) + target - peak = the second's aim + 3
+        else:  # next_aim: min(budget, predicted) + target - peak = the second's aim + 3
             peaks.append(target + min(plan.budget, plan.predicted_peak) - checked[1].budget - 3)
         return peaks[-1]
 

@@ -1,0 +1,113 @@
+"""The rounds of the torch.compile backend: how a graph Inductor compiled over its budget
+(or well under it) is planned again, and which round is kept.
+
+A round is one plan of a graph compiled by Inductor and checked (compiled_peak.py). Its
+peak as compiled moves the aim of the next (`next_aim`); the rounds end where planning
+again cannot do better (`next_aim` is None, `lowered_in_vain`, or the plan is one compiled
+before: Partitioner.compiled); the fastest round within the budget is kept
+(`kept_round`). backends.MemplanBackend runs them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from memplan.graph import Schedule
+from memplan.planner.plan import Partitioner
+from memplan.planner.plan_file import Plan
+from memplan.units import format_bytes
+
+# Per graph: how many times it may be planned again, at a budget moved by what Inductor's
+# compiled graphs peaked above (or below) the budget; the least-memory plan, tried where
+# none holds the budget, comes on top.
+INDUCTOR_ROUNDS = 3
+LEAST_AIM = 1  # bytes: a budget under every graph's least, planned best effort for it
+# Inductor's fusion can leave a plan well under its budget: where the room left is over
+# this share of the budget, the graph is planned again at a budget raised by it.
+COMPILED_SLACK = 0.05
+# A round's aim this close to one already tried (a share of the graph's budget) counts as
+# tried: the plan there is the same or nearly, and compiling it again costs a whole round.
+SAME_AIM = 0.001
+
+
+@dataclasses.dataclass(frozen=True)
+class Round:
+    """One compile of a graph under Inductor: the compiled step, its plan (with its peak as
+    compiled, where the check ran), the inner compiler that compiled it, and what makes
+    the plan that plan (Partitioner.compiled): the way of its convolutions' copies and its
+    schedule."""
+
+    compiled: Callable[..., Any]
+    plan: Plan
+    inner: Callable[..., Any]
+    schedule: Schedule
+
+    @property
+    def way(self) -> str:
+        return str(self.plan.options["convolution_copies"])
+
+
+def layout_may_cost(partitioner: Partitioner, plans: Sequence[Plan], target: int) -> bool:
+    """Whether a graph Inductor compiled with its layout optimization may hold its budget
+    only without it: it has convolutions (the only graphs the optimization changes), and
+    every round's peak as compiled (`plans`) is above `target` or, planned best effort
+    (its budget then being what runs), above the unfused graphs' prediction."""
+    if not has_convolutions(partitioner) or not all(p.compiled_peak for p in plans):
+        return False
+    return all(p.peak > (p.predicted_peak if p.status == "best-effort" else target) for p in plans)
+
+
+def has_convolutions(partitioner: Partitioner) -> bool:
+    """Whether the graph last planned has convolutions: the only graphs Inductor's layout
+    optimization changes."""
+    joint = partitioner.lowered[-1].joint.graph
+    return bool(joint.find_nodes(op="call_function", target=torch.ops.aten.convolution.default))
+
+
+def replanned_note(plan: Plan, target: int) -> str:
+    """What a plan made at a budget moved from `target` says of itself (a least-memory
+    round's planner note, of a budget under its least, is not the user's)."""
+    within = f"so that the graphs as Inductor compiled them peak within {format_bytes(target)}"
+    if plan.status == "best-effort":
+        return f"the least-memory plan, {within}"
+    said = f"{plan.note}; " if plan.note else ""
+    return f"{said}planned at {format_bytes(plan.requested_budget)} {within}"
+
+
+def next_aim(plan: Plan, target: int) -> int | None:
+    """The budget to plan a graph at next, given a plan and its peak as Inductor compiled
+    it: lower by what it peaked above `target`, or higher by the room its fusion left
+    (less recomputation, a faster step) where that is over COMPILED_SLACK of the target;
+    None where the plan is as good as planning again can make it."""
+    room = target - plan.peak
+    if not plan.compiled_peak or plan.status == "best-effort":
+        return None
+    if 0 <= room <= COMPILED_SLACK * target:
+        return None
+    if room > 0:
+        if all(d == "keep" for d in plan.decisions.values()):
+            return None  # nothing to give back
+        return plan.budget + room
+    # Below the plan's own simulated peak, which can lie well under its budget: a budget
+    # lowered from above it could give the same plan again.
+    return max(1, min(plan.budget, plan.predicted_peak) + room)
+
+
+def lowered_in_vain(before: Plan, last: Plan, target: int) -> bool:
+    """Whether `last`, planned lower because `before` peaked over `target` as compiled,
+    peaks no lower: its fused kernels hold what the plan saved, and lower aims are
+    unlikely to do better than the least-memory plan, which is tried where none holds."""
+    return before.peak > target and last.peak >= before.peak
+
+
+def kept_round(plans: Sequence[Plan], target: int) -> int:
+    """Which round to keep: the fastest predicted within `target`, else the least peak;
+    where the first was planned best effort (for the least), the least peak."""
+    within = [i for i, p in enumerate(plans) if p.peak <= target]
+    if within and plans[0].status != "best-effort":
+        return min(within, key=lambda i: plans[i].predicted_time)
+    return min(range(len(plans)), key=lambda i: plans[i].peak)
