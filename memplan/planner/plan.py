@@ -252,10 +252,6 @@ class RepeatedPlan(Exception):
     """Raised by a Partitioner, before it rewrites the graph, where the plan it made is one
     its caller listed in `Partitioner.compiled`: what compiling it would give is known."""
 
-    def __init__(self, index: int) -> None:
-        super().__init__(f"the plan is the one compiled as number {index}")
-        self.index = index
-
 
 class Partitioner:
     """memplan's partition function for AOTAutograd: plans each joint graph it is given
@@ -343,7 +339,7 @@ class Partitioner:
             resident = dataclasses.replace(resident, held=0)
         way, (chosen, plan, schedule) = _faster(planned)
         if (way, schedule) in self.compiled:
-            raise RepeatedPlan(self.compiled.index((way, schedule)))
+            raise RepeatedPlan(f"{name}: the plan made is one compiled already")
         for warning in said[way]:
             _say_again(warning)
         # The plan records the way it was made, so that applying it again makes it that way.
