@@ -368,15 +368,15 @@ class MemplanBackend:
         if partitioner.reuse is not None:
             return  # the decisions are fixed: planned at any aim, the plan is the same
         inner = rounds[-1].inner
-        tried = [r.plan.budget for r in rounds if r.inner is inner]
         for _ in range(INDUCTOR_ROUNDS):
+            # A round's plan is made at its aim: a plan's budget is the aim it was made at
+            # (a best-effort one's is raised to its peak, but it ends the rounds).
             ours = [r.plan for r in rounds if r.inner is inner]
             aim = next_aim(ours[-1], target)
-            if aim is None or any(abs(aim - t) <= SAME_AIM * target for t in tried):
+            if aim is None or any(abs(aim - p.budget) <= SAME_AIM * target for p in ours):
                 return
             if len(ours) > 1 and lowered_in_vain(ours[-2], ours[-1], target):
                 return
-            tried.append(aim)
             made = self._round(gm, example_inputs, partitioner, rounds, inner, aim)
             if made is None:
                 return  # more or less budget gave a plan compiled before: nothing new
