@@ -11,7 +11,9 @@ nodes, the one that adds the fewest bytes (its output less the inputs it is the 
 read), the first without noise and the others with noise in proportion to its size; the
 least-peak of GREEDY_STARTS is kept. Simulated annealing then moves one node at a time to
 another position between its last input and its first user, minimizing the bytes held
-above the target summed over the steps (zero exactly when the order fits). The work is a
+above the target summed over the steps (zero exactly when the order fits). Minimizing the
+peak, the annealing is steered by the bytes above a target below the start's peak, but the
+order it returns is the least-peak one it met, so never one above its start. The work is a
 fixed number of moves, so the same seed and graph give the same order whenever the search
 finishes before its deadline.
 """
@@ -92,11 +94,12 @@ def searched_order(graph: Graph, target: int | None, seed: int, deadline: float)
         peak = profiler.memory(_positions(order)).max(initial=0)
         if peak < start_peak:
             start, start_peak = order, peak
+    least_peak = target is None
     if target is None:
         target = int(LEAST_PEAK_TARGET * start_peak)
     n = max(len(graph), 1)
     moves = min(MOVES, MOVE_WORK // n, MOVES_PER_NODE * n)
-    return _anneal(profiler, start, target, moves, rng, deadline)
+    return _anneal(profiler, start, target, moves, rng, deadline, least_peak)
 
 
 def _positions(order: Sequence[int]) -> np.ndarray:
@@ -169,9 +172,12 @@ def _anneal(
     moves: int,
     rng: random.Random,
     deadline: float,
+    least_peak: bool,
 ) -> list[int]:
-    """Simulated annealing over single-node moves from `start`; the order with the fewest
-    bytes above `target` summed over steps (then the least peak) seen."""
+    """Simulated annealing over single-node moves from `start`, accepting moves by the bytes
+    above `target` summed over steps. Returns the order seen with the fewest such bytes
+    (then the least peak), or with `least_peak` the one with the least peak (then the
+    fewest bytes): an order with less summed excess can peak higher."""
     n = profiler.n
     order = list(start)
     positions = _positions(order)
@@ -179,11 +185,14 @@ def _anneal(
     def cost(memory: np.ndarray) -> tuple[float, float]:
         return float(np.maximum(memory - target, 0).sum()), float(memory.max(initial=0))
 
-    current = best = cost(profiler.memory(positions))
-    best_order = list(order)
+    def rank(found: tuple[float, float]) -> tuple[float, float]:
+        return (found[1], found[0]) if least_peak else found
+
+    current = cost(profiler.memory(positions))
+    best, best_order = rank(current), list(order)
     temperature = TEMPERATURE * float(profiler.bytes.mean()) if n else 0.0
     for move in range(moves):
-        if best[0] == 0 or (move % 256 == 0 and time.perf_counter() > deadline):
+        if current[0] == 0 or (move % 256 == 0 and time.perf_counter() > deadline):
             break
         v = rng.randrange(n)
         here = int(positions[v])
@@ -205,6 +214,6 @@ def _anneal(
             heat > 0 and rng.random() < math.exp(-(found[0] - current[0]) / heat)
         ):
             order, positions, current = moved, trial, found
-            if current < best:
-                best, best_order = current, list(order)
+            if rank(current) < best:
+                best, best_order = rank(current), list(order)
     return best_order
