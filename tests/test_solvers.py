@@ -3,6 +3,7 @@ schedule judged by the simulator."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 
@@ -14,7 +15,8 @@ from strategies import chain_graph, training_graphs
 from memplan.errors import InvalidSchedule, UnknownSolver, UnsupportedProblem
 from memplan.graph import Compute, Decision, Free, Graph, Node, NodeKind, Offload, Prefetch, Wait
 from memplan.simulate import simulate
-from memplan.solvers import REGISTRY, SolverOptions, available, get_solver
+from memplan.solvers import REGISTRY, SolverOptions, available, director_training, get_solver
+from memplan.solvers import greedy as greedy_module
 from memplan.solvers.baselines import chen_sqrt, keep_all
 from memplan.solvers.greedy import _cheapest_release, _cost_per_byte
 from memplan.solvers.greedy import solve as greedy
@@ -288,6 +290,36 @@ def test_greedy_reports_infeasible_with_its_least_peak():
     assert result.status == "infeasible"
     assert f"least peak found: {least} B" in result.message
     assert peak_of(g, result) == least  # the best schedule it found comes back anyway
+
+
+def test_a_graph_solved_again_reuses_what_its_first_solve_simulated(monkeypatch):
+    """The planner solves a graph at a budget nothing meets and then for its least peak:
+    the second solve runs only the simulations the first did not, the director not again,
+    and returns what it returns alone."""
+    g = chain_graph(6, act_bytes=100, param_bytes=1)
+    runs = {"greedy": 0, "director": 0}
+
+    def counted(module, name):
+        simulate_decisions = module.simulate_decisions
+
+        def simulate(*args):
+            runs[name] += 1
+            return simulate_decisions(*args)
+
+        monkeypatch.setattr(module, "simulate_decisions", simulate)
+
+    counted(greedy_module, "greedy")
+    counted(director_training, "director")
+    monkeypatch.setattr(greedy_module, "_kept", collections.OrderedDict())
+    alone = greedy(g, None, NO_LINK)
+    alone_runs = dict(runs)
+    monkeypatch.setattr(greedy_module, "_kept", collections.OrderedDict())
+    greedy(g, 1, NO_LINK)
+    runs.update(greedy=0, director=0)
+    again = greedy(g, None, NO_LINK)
+    assert (again.schedule, again.decisions) == (alone.schedule, alone.decisions)
+    assert runs["director"] == 0 < alone_runs["director"]
+    assert runs["greedy"] < alone_runs["greedy"]
 
 
 def one_release_under_keep_all(g: Graph) -> int:

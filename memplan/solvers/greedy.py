@@ -21,8 +21,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from memplan.errors import InvalidSchedule
@@ -50,6 +51,13 @@ PINNED_ESTIMATES = (True, False)
 # From this many nodes, alike storages are released together (see the module). Below it a
 # descent's path does not depend on the budget: a larger one only stops it sooner.
 BULK_FROM = 3000
+# How many graphs, the latest solved, keep their simulations and director's decisions
+# after a solve (_Kept). The planner solves a graph at its budget and, where that misses,
+# again for its least peak (planner/solve.py); the backend's rounds may solve it again at
+# another aim. Their descents pass through the same states: on the zoo's ResNet under
+# Inductor (1,107 nodes) the least solve after a missed budgeted one took 9.9 s alone,
+# 0.27 s with what the first one kept.
+_KEPT_GRAPHS = 2
 
 
 def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResult:
@@ -105,11 +113,9 @@ def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResu
                 for pins in PINNED_ESTIMATES
             ]
         if budget is None or all(r.least.peak > budget for r in made):
-            directed = director_training.solve(graph, None, way, time.perf_counter(), deadline)
+            directed = simulations.least_directed(way, deadline)
             made += [
-                _descend(
-                    graph, simulations, directed.decisions, target, deadline, way, o, twins, pins
-                )
+                _descend(graph, simulations, directed, target, deadline, way, o, twins, pins)
                 for o in orders
                 for pins in PINNED_ESTIMATES
             ]
@@ -118,7 +124,7 @@ def solve(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResu
     # and each makes at most as many simulations as the descents did: a bound on the
     # solve's work whatever the machine's speed (a solve cut by the clock is not kept,
     # planner/plan_cache.py).
-    tries = len(simulations.seen)
+    tries = len(simulations.asked)
     refined: list[_State] = []
     fits: list[_State] = []
     for way, made in by_way:
@@ -163,19 +169,54 @@ class _Simulated(NamedTuple):
     live_at_peak: frozenset[int]
 
 
+_Key = tuple[float | None, frozenset[tuple[int, Decision]]]
+
+
+@dataclass
+class _Kept:
+    """What solves of one graph keep for the next (_KEPT_GRAPHS): each simulation, and
+    the director's least-memory decisions per way of solving, where it ran in full."""
+
+    simulations: dict[_Key, _Simulated | InvalidSchedule] = field(default_factory=dict)
+    directed: dict[SolverOptions, dict[int, Decision]] = field(default_factory=dict)
+
+
+_kept: OrderedDict[Graph, _Kept] = OrderedDict()
+
+
 class _Simulations:
-    """The simulations of one solve, each distinct set of decisions run once: descents
-    from other starts, orders and estimates pass through many of the same states (about
-    two in five of a solve's simulations, on the zoo's ResNet). Only what a descent reads
-    is kept, so that a solve's memory grows by a few hundred node ids per state."""
+    """The simulations of `graph`, each distinct set of decisions run once: descents from
+    other starts, orders and estimates pass through many of the same states (about two in
+    five of a solve's simulations, on the zoo's ResNet), and so do later solves of the
+    same graph (_KEPT_GRAPHS). Only what a descent reads is kept, so that memory grows by
+    a few hundred node ids per state. `asked` holds the states this solve asked for."""
 
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
-        self.seen: dict[tuple[float | None, frozenset], _Simulated | InvalidSchedule] = {}
+        self.kept = _kept.pop(graph, None) or _Kept()
+        _kept[graph] = self.kept  # the latest solved last
+        while len(_kept) > _KEPT_GRAPHS:
+            _kept.popitem(last=False)
+        self.seen = self.kept.simulations
+        self.asked: set[_Key] = set()
+
+    def least_directed(self, options: SolverOptions, deadline: float) -> dict[int, Decision]:
+        """The director's least-memory decisions (the same for every solve of the graph,
+        unless the deadline cuts the director short)."""
+        found = self.kept.directed.get(options)
+        if found is None:
+            result = director_training.solve(
+                self.graph, None, options, time.perf_counter(), deadline
+            )
+            found = result.decisions
+            if result.status != "timeout":
+                self.kept.directed[options] = found
+        return found
 
     def __call__(self, decisions: dict[int, Decision], bandwidth: float | None) -> _Simulated:
         """The simulation of `decisions`; raises InvalidSchedule where they make none."""
         key = (bandwidth, frozenset(decisions.items()))
+        self.asked.add(key)
         found = self.seen.get(key)
         if found is None:
             try:
