@@ -4,7 +4,6 @@ budget for the step."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import io
@@ -228,33 +227,41 @@ def test_inductor_trains_like_eager_within_the_budget(name: str) -> None:
 
 
 def check_inductor_within_budget(example: Example) -> None:
-    """The assertions of the test above, for `example` on its own device."""
+    """The assertions of the test above, for `example` on its own device: the least in
+    float64 (check_inductor_numerics), 70% in the example's own dtype. The least is not
+    compiled again in float32: each compile at the least is a few of Inductor's rounds
+    (ResNet's took 156 s on a 2-core CPU), and its peak is held and predicted alike."""
     check_inductor_numerics(in_float64(example))
-    for budget in ["70%", LEAST]:
-        torch._dynamo.reset()
-        backend = memplan.backend(budget=budget, progress=False)
-        model = copy.deepcopy(example.model)
-        compiled = torch.compile(model, backend=backend)
-        # At the least, the backend says it planned for less than asked (warnings are errors).
-        with pytest.warns(MemplanWarning) if budget == LEAST else contextlib.nullcontext():
-            train_step(compiled, example.inputs)()
-        (plan,) = backend.plans
-        # At 70% fusion alone may be enough (it is for GPT-2 and ResNet on an H100). At the
-        # least something is planned: recomputed, or offloaded where the device is not the
-        # host (on an H200, 2026-11-27, the MLP's least plan recomputed nothing).
-        counts = plan.counts()
-        assert counts["recompute"] + counts["offload"] > 0 or budget != LEAST
-        measured = steady_step_peak(compiled, model, example.inputs)
-        # The prediction of what Inductor runs, read by the allocator.
-        assert plan.compiled_peak and plan.peak <= plan.budget
-        assert measured <= plan.budget, (budget, measured, plan.budget, plan.peak)
-        assert abs(measured / plan.peak - 1) <= 0.05, (budget, measured, plan.peak)
+    torch._dynamo.reset()
+    backend = memplan.backend(budget="70%", progress=False)
+    model = copy.deepcopy(example.model)
+    compiled = torch.compile(model, backend=backend)
+    train_step(compiled, example.inputs)()
+    # Fusion alone may be enough at 70% (it is for GPT-2 and ResNet on an H100).
+    check_compiled_peak(backend, compiled, model, example.inputs)
+
+
+def check_compiled_peak(
+    backend: memplan_backends.MemplanBackend,
+    compiled: torch.nn.Module,
+    model: torch.nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+) -> None:
+    """The allocator's peak of a steady step of `compiled` (`model` under `backend`, one
+    plan) within the plan's budget and within 5% of its prediction of what Inductor runs."""
+    (plan,) = backend.plans
+    measured = steady_step_peak(compiled, model, inputs)
+    assert plan.compiled_peak and plan.peak <= plan.budget
+    assert measured <= plan.budget, (measured, plan.budget, plan.peak)
+    assert abs(measured / plan.peak - 1) <= 0.05, (measured, plan.peak)
 
 
 def check_inductor_numerics(example: Example) -> None:
-    """`example` (in float64) planned at its least under Inductor: per parameter, the
-    gradient no farther from eager's than plain Inductor's, give or take FLOAT64_TOLERANCE
-    of its largest element.
+    """`example` (in float64) planned at its least under Inductor: something is planned
+    (recomputed, or offloaded where the device is not the host: on an H200, 2026-11-27,
+    the MLP's least plan recomputed nothing); per parameter, the gradient no farther from
+    eager's than plain Inductor's, give or take FLOAT64_TOLERANCE of its largest element;
+    and the step's peak as check_compiled_peak holds it.
 
     Float64, because in float32 the order in which fused kernels reduce decides the last
     digits, and a recomputation changes what is fused: ResNet's least plan (27 recomputed)
@@ -269,8 +276,10 @@ def check_inductor_numerics(example: Example) -> None:
     torch._dynamo.reset()
     backend = memplan.backend(budget=LEAST, progress=False)
     model = copy.deepcopy(example.model)
+    compiled = torch.compile(model, backend=backend)
+    # The backend says it planned for less than asked (warnings are errors).
     with pytest.warns(MemplanWarning):
-        train_step(torch.compile(model, backend=backend), example.inputs)()
+        train_step(compiled, example.inputs)()
     (plan,) = backend.plans
     counts = plan.counts()
     assert counts["recompute"] + counts["offload"] > 0
@@ -278,6 +287,7 @@ def check_inductor_numerics(example: Example) -> None:
     for name, error, own in zip(expected, errors, own_errors, strict=True):
         scale = expected[name].abs().max().item()
         assert error <= own + FLOAT64_TOLERANCE * scale, (name, error, own, scale)
+    check_compiled_peak(backend, compiled, model, example.inputs)
 
 
 def small_gpt2() -> Example:
