@@ -3,7 +3,6 @@ schedule judged by the simulator."""
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import math
 
@@ -310,10 +309,10 @@ def test_a_graph_solved_again_reuses_what_its_first_solve_simulated(monkeypatch)
 
     counted(greedy_module, "greedy")
     counted(director_training, "director")
-    monkeypatch.setattr(greedy_module, "_kept", collections.OrderedDict())
+    greedy_module._kept.cache_clear()
     alone = greedy(g, None, NO_LINK)
     alone_runs = dict(runs)
-    monkeypatch.setattr(greedy_module, "_kept", collections.OrderedDict())
+    greedy_module._kept.cache_clear()
     greedy(g, 1, NO_LINK)
     runs.update(greedy=0, director=0)
     again = greedy(g, None, NO_LINK)

@@ -19,9 +19,9 @@ that cost nothing to recompute are released where the peak has room (_recomputed
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -181,7 +181,10 @@ class _Kept:
     directed: dict[SolverOptions, dict[int, Decision]] = field(default_factory=dict)
 
 
-_kept: OrderedDict[Graph, _Kept] = OrderedDict()
+@functools.lru_cache(maxsize=_KEPT_GRAPHS)
+def _kept(graph: Graph) -> _Kept:
+    """What the solves of `graph` keep, for the _KEPT_GRAPHS latest graphs solved."""
+    return _Kept()
 
 
 class _Simulations:
@@ -193,11 +196,7 @@ class _Simulations:
 
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
-        self.kept = _kept.pop(graph, None) or _Kept()
-        _kept[graph] = self.kept  # the latest solved last
-        while len(_kept) > _KEPT_GRAPHS:
-            _kept.popitem(last=False)
-        self.seen = self.kept.simulations
+        self.kept = _kept(graph)
         self.asked: set[_Key] = set()
 
     def least_directed(self, options: SolverOptions, deadline: float) -> dict[int, Decision]:
@@ -217,14 +216,14 @@ class _Simulations:
         """The simulation of `decisions`; raises InvalidSchedule where they make none."""
         key = (bandwidth, frozenset(decisions.items()))
         self.asked.add(key)
-        found = self.seen.get(key)
+        found = self.kept.simulations.get(key)
         if found is None:
             try:
                 _, trace = simulate_decisions(self.graph, decisions, bandwidth)
                 found = _Simulated(trace.time, trace.peak, trace.live_at_peak)
             except InvalidSchedule as invalid:
                 found = invalid
-            self.seen[key] = found
+            self.kept.simulations[key] = found
         if isinstance(found, InvalidSchedule):
             raise found.with_traceback(None)  # not the traceback of every raise before
         return found
