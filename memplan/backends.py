@@ -88,13 +88,18 @@ def _after_joint_passes(partitioner: Partitioner) -> Callable[..., Any]:
     def partition(
         joint: torch.fx.GraphModule, joint_inputs: Sequence[Any], **kwargs: Any
     ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+        from torch._guards import detect_fake_mode
         from torch._inductor.fx_passes.joint_graph import joint_graph_passes
+        from torch._inductor.virtualized import V
 
         inputs = pytree.tree_leaves(joint_inputs)
         devices = (t.device for t in inputs if torch.is_tensor(t))
         # Inductor sets its pattern rewrites up for the device of the first graph it sees.
         device = next((d for d in devices if d.type != "meta"), None)
-        passed = joint_graph_passes(joint, device)
+        # Inductor's own compile runs the passes under the trace's fake mode, and its
+        # rewrite of seeded random ops (dropout) makes fake values with it.
+        with V.set_fake_mode(detect_fake_mode(inputs)):
+            passed = joint_graph_passes(joint, device)
         _traced_again(passed, inputs)
         return partitioner(passed, joint_inputs, **kwargs)
 

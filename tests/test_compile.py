@@ -365,6 +365,54 @@ def test_two_models_in_one_process() -> None:
         _train_and_compare(compiled, model, example.inputs)
 
 
+class _DropoutMLP(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(128, 128) for _ in range(4))
+        self.drop = torch.nn.Dropout(0.3)
+        self.head = torch.nn.Linear(128, 10)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = self.drop(torch.nn.functional.gelu(layer(x)))
+        return torch.nn.functional.cross_entropy(self.head(x), target)
+
+
+def test_dropout_draws_plain_inductors_masks_where_the_plan_recomputes() -> None:
+    """A model with dropout, as transformers models train by default. Inductor's
+    joint-graph passes turn its seeded random ops into Inductor's own, which draw from a
+    seed per op; they must run under the trace's fake mode, as in Inductor's own compile
+    (without it the backend raised on every model with dropout). Planned at the least, the
+    masks are recomputed from their seeds: each step's gradients are plain Inductor's at
+    the same seed, where a mask drawn again would differ in about a third of its
+    elements."""
+    torch.manual_seed(0)
+    model = _DropoutMLP()
+    inputs = (torch.randn(256, 128), torch.randint(0, 10, (256,)))
+
+    def grads_of_two_steps(backend: Any) -> list[dict[str, torch.Tensor]]:
+        torch._dynamo.reset()
+        trained = copy.deepcopy(model)
+        compiled = torch.compile(trained, backend=backend)
+        steps = []
+        for seed in (1, 2):
+            trained.zero_grad(set_to_none=True)
+            torch.manual_seed(seed)
+            compiled(*inputs).backward()
+            steps.append({n: p.grad.clone() for n, p in trained.named_parameters()})
+        return steps
+
+    expected = grads_of_two_steps("inductor")
+    backend = memplan.backend(budget=LEAST, progress=False)
+    with pytest.warns(MemplanWarning):  # planned for its least, not for 1 KiB
+        got = grads_of_two_steps(backend)
+    (plan,) = backend.plans
+    assert plan.counts()["recompute"] > 0
+    for step, step_expected in zip(got, expected, strict=True):
+        for name, grad in step_expected.items():
+            torch.testing.assert_close(step[name], grad, msg=name)
+
+
 def _a_library_deprecation() -> None:
     warnings.warn("a library's own deprecation", DeprecationWarning, stacklevel=1)
 
