@@ -76,22 +76,49 @@ def check_blocks_live_at_peak(device: torch.device) -> list[LiveBlocks]:
     return groups
 
 
-class Noisy(nn.Module):
-    """Dropout in training mode: every step draws new numbers, so no step can match another
-    one; a stand-in for a plan that changed the numerics."""
+class Drifting(nn.Module):
+    """Scales its loss by how many times it has run: a traced graph keeps the count it was
+    traced at, so the planned step computes other numbers than the eager step it is
+    compared with; a stand-in for a plan that changed the numerics."""
 
+    def __init__(self, body: nn.Module) -> None:
+        super().__init__()
+        self.body = body
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return (self.body(x) * self.calls).square().mean()
+
+
+def test_gradients_that_differ_are_reported():
+    model, inputs = _model()
+    drifting = Drifting(model.body)
+    plan = memplan.plan(drifting, inputs, budget="100%", progress=False)
+    check = verify(drifting, inputs, plan)
+    assert not check.grads_match and check.max_grad_error > 0
+    assert "gradients differ" in check.problems()[0]
+
+
+class Dropped(nn.Module):
     def __init__(self, body: nn.Module) -> None:
         super().__init__()
         self.body = body
 
     def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return nn.functional.dropout(self.body(x), 0.5).square().mean()
+        return nn.functional.cross_entropy(nn.functional.dropout(self.body(x), 0.5), target)
 
 
-def test_gradients_that_differ_are_reported():
+def test_a_model_with_dropout_is_compared_on_the_same_masks_and_the_users_numbers_are_kept():
+    """The eager and the planned step start from one seed: a sound plan of a model with
+    dropout passes (it failed on the masks alone, two steps drawing different ones), and the
+    user's random numbers after the check are those they would have had."""
     model, inputs = _model()
-    noisy = Noisy(model.body)
-    plan = memplan.plan(noisy, inputs, budget="100%", progress=False)
-    check = verify(noisy, inputs, plan)
-    assert not check.grads_match and check.max_grad_error > 0
-    assert "gradients differ" in check.problems()[0]
+    dropped = Dropped(model.body)
+    plan = memplan.plan(dropped, inputs, budget="60%", progress=False)
+    assert plan.counts()["recompute"] > 0
+    before = torch.get_rng_state()
+    check = verify(dropped, inputs, plan)
+    assert check.ok, check.problems()
+    assert check.max_grad_error == 0.0
+    assert torch.equal(torch.get_rng_state(), before)

@@ -30,6 +30,7 @@ from memplan.planner.plan_file import Plan
 GRAD_RTOL = 1e-5
 GRAD_ATOL = 1e-6
 DEFAULT_TOLERANCE = 0.02  # measured peak vs predicted, as a fraction of the prediction
+_COMPARED_SEED = 0  # the eager and the planned step compared both start from it
 _SCHEDULE_OPTIONS = (
     "offload",
     "bandwidth",
@@ -105,8 +106,9 @@ def verify(
     """Run one eager and one planned training step of `model(*example_inputs)` (a loss, or
     outputs that are summed into one) and compare them.
 
-    The model's parameters, buffers and gradients are as before when this returns. Raises
-    PlanFileError if `plan` was made for another model.
+    The two compared steps draw the same random numbers (dropout's masks). The model's
+    parameters, buffers and gradients, and the random number generators, are as before
+    when this returns. Raises PlanFileError if `plan` was made for another model.
     """
     device = _device_of(model, example_inputs)
     # Both steps run on `model` itself, from the same state, which is restored afterwards:
@@ -114,53 +116,60 @@ def verify(
     state = {k: t.detach().clone() for k, t in model.state_dict(keep_vars=True).items()}
     grads = {n: p.grad for n, p in model.named_parameters()}
     resident = resident_tensors(model, example_inputs)
-    try:
-        _reset(model, state)
-        # One unmeasured step first, for eager and planned alike: a first step also sets up
-        # what later steps reuse (cuBLAS's workspace on a GPU), which is not the plan's.
-        training_step(model, example_inputs)()
-        _reset(model, state)
-        eager_peak = measure_peak(
-            training_step(model, example_inputs), resident=resident, device=device
-        )
-        eager_grads = {n: p.grad for n, p in model.named_parameters()}
-        _reset(model, state)
-        # The options that shape the graph and the schedule are the plan's own.
-        same = {k: plan.options[k] for k in _SCHEDULE_OPTIONS if k in plan.options}
-        options = PlanOptions(solver=plan.solver, progress=False, **same)
-        planned = plan_module(model, example_inputs, Budget(bytes=plan.budget), options, reuse=plan)
-        training_step(planned, example_inputs)()
-        _reset(model, state)
-        measured = measure_peak(
-            training_step(planned, example_inputs), resident=resident, device=device
-        )
-        error, match = compare_grads(model, eager_grads)
-        _reset(model, state)
-        tracked = measure_peak(
-            training_step(planned, example_inputs),
-            resident=resident,
-            device=device,
-            method="tracker",
-        )
-        check = Verification(
-            budget=plan.budget,
-            predicted_peak=plan.predicted_peak,  # the number in the plan, not a fresh one
-            measured_peak=measured.peak_bytes,
-            eager_peak=eager_peak.peak_bytes,
-            method=measured.method,
-            max_grad_error=error,
-            grads_match=match,
-            tolerance=tolerance,
-            tracker_peak=tracked.peak_bytes,
-        )
-        if not check.ok:
+    # The user's random numbers are left as they were; inside, the two compared steps
+    # start from one seed, so that a model with dropout draws the same masks in both.
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        try:
             _reset(model, state)
-            held = live_at_peak(training_step(planned, example_inputs), device)
-            check = dataclasses.replace(check, at_peak=tuple(held))
-    finally:
-        _reset(model, state)
-        for name, param in model.named_parameters():
-            param.grad = grads[name]
+            # One unmeasured step first, for eager and planned alike: a first step also sets up
+            # what later steps reuse (cuBLAS's workspace on a GPU), which is not the plan's.
+            training_step(model, example_inputs)()
+            _reset(model, state)
+            torch.manual_seed(_COMPARED_SEED)
+            eager_peak = measure_peak(
+                training_step(model, example_inputs), resident=resident, device=device
+            )
+            eager_grads = {n: p.grad for n, p in model.named_parameters()}
+            _reset(model, state)
+            # The options that shape the graph and the schedule are the plan's own.
+            same = {k: plan.options[k] for k in _SCHEDULE_OPTIONS if k in plan.options}
+            options = PlanOptions(solver=plan.solver, progress=False, **same)
+            planned = plan_module(
+                model, example_inputs, Budget(bytes=plan.budget), options, reuse=plan
+            )
+            training_step(planned, example_inputs)()
+            _reset(model, state)
+            torch.manual_seed(_COMPARED_SEED)
+            measured = measure_peak(
+                training_step(planned, example_inputs), resident=resident, device=device
+            )
+            error, match = compare_grads(model, eager_grads)
+            _reset(model, state)
+            tracked = measure_peak(
+                training_step(planned, example_inputs),
+                resident=resident,
+                device=device,
+                method="tracker",
+            )
+            check = Verification(
+                budget=plan.budget,
+                predicted_peak=plan.predicted_peak,  # the number in the plan, not a fresh one
+                measured_peak=measured.peak_bytes,
+                eager_peak=eager_peak.peak_bytes,
+                method=measured.method,
+                max_grad_error=error,
+                grads_match=match,
+                tolerance=tolerance,
+                tracker_peak=tracked.peak_bytes,
+            )
+            if not check.ok:
+                _reset(model, state)
+                held = live_at_peak(training_step(planned, example_inputs), device)
+                check = dataclasses.replace(check, at_peak=tuple(held))
+        finally:
+            _reset(model, state)
+            for name, param in model.named_parameters():
+                param.grad = grads[name]
     return check
 
 
