@@ -30,6 +30,7 @@ from memplan.errors import (
     InfeasibleBudget,
     MemplanWarning,
     PlanFileError,
+    UnknownSolver,
     cause_of,
 )
 from memplan.graph import Graph, Schedule
@@ -411,6 +412,25 @@ def test_dropout_draws_plain_inductors_masks_where_the_plan_recomputes() -> None
     for step, step_expected in zip(got, expected, strict=True):
         for name, grad in step_expected.items():
             torch.testing.assert_close(step[name], grad, msg=name)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"solver": "gredy"}, UnknownSolver, "unknown solver 'gredy'"),
+        ({"time_limit": -3}, ValueError, "time_limit must be a positive"),
+        ({"bandwidth": 0.0}, ValueError, "bandwidth must be a positive"),
+    ],
+)
+def test_a_bad_solver_or_solver_option_is_refused_where_the_backend_is_built(
+    options: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    """Not inside the first compiled step, wrapped in Dynamo's BackendCompilerFailed, as
+    they were: a budget or an inner compiler that cannot be was refused here already."""
+    with pytest.raises(error, match=message):
+        memplan.backend(budget="60%", **options)
+    with pytest.raises(error, match=message):
+        PlanOptions(**options)
 
 
 def _a_library_deprecation() -> None:

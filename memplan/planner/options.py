@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from memplan.devices import DeviceSpec
 from memplan.errors import MemplanError
 from memplan.planner.layout import METHODS
-from memplan.solvers import SolverOptions
+from memplan.solvers import SolverOptions, check_known
 
 # Host link bandwidth assumed when offloading and none is given: PCIe 4.0 x16 in practice.
 DEFAULT_BANDWIDTH = {"cuda": 2.5e10, "cpu": 1.0e10}
@@ -64,6 +64,11 @@ class PlanOptions:
             )
         if self.layout not in METHODS:
             raise MemplanError(f"layout must be one of {', '.join(METHODS)}, got {self.layout!r}")
+        check_known(self.solver)
+        # The solver's own checks (a positive time limit and bandwidth), here so that a bad
+        # value is refused where it is given: memplan.backend(...) builds its options long
+        # before the first compiled step solves, inside Dynamo's error.
+        SolverOptions(seed=self.seed, time_limit=self.time_limit, bandwidth=self.bandwidth)
 
     def solver_options(self, device_type: str) -> SolverOptions:
         """The solver's options on a device of `device_type` ("cpu", "cuda")."""
