@@ -77,7 +77,7 @@ def check_blocks_live_at_peak(device: torch.device) -> list[LiveBlocks]:
 
 
 class Drifting(nn.Module):
-    """Scales its loss by how many times it has run: a traced graph keeps the count it was
+    """Scales its output by how many times it has run: a traced graph keeps the count it was
     traced at, so the planned step computes other numbers than the eager step it is
     compared with; a stand-in for a plan that changed the numerics."""
 
@@ -100,7 +100,9 @@ def test_gradients_that_differ_are_reported():
     assert "gradients differ" in check.problems()[0]
 
 
-class Dropped(nn.Module):
+class WithDropout(nn.Module):
+    """The MLP's body with dropout on its output, in training mode."""
+
     def __init__(self, body: nn.Module) -> None:
         super().__init__()
         self.body = body
@@ -114,7 +116,7 @@ def test_a_model_with_dropout_is_compared_on_the_same_masks_and_the_users_number
     dropout passes (it failed on the masks alone, two steps drawing different ones), and the
     user's random numbers after the check are those they would have had."""
     model, inputs = _model()
-    dropped = Dropped(model.body)
+    dropped = WithDropout(model.body)
     plan = memplan.plan(dropped, inputs, budget="60%", progress=False)
     assert plan.counts()["recompute"] > 0
     before = torch.get_rng_state()

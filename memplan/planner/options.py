@@ -65,9 +65,10 @@ class PlanOptions:
         if self.layout not in METHODS:
             raise MemplanError(f"layout must be one of {', '.join(METHODS)}, got {self.layout!r}")
         check_known(self.solver)
-        # The solver's own checks (a positive time limit and bandwidth), here so that a bad
-        # value is refused where it is given: memplan.backend(...) builds its options long
-        # before the first compiled step solves, inside Dynamo's error.
+        # The solver's own checks (a positive time limit and bandwidth), made here so that
+        # a bad value is refused where it is given: memplan.backend(...) builds these
+        # options, and a first solve raising it would reach the user inside Dynamo's
+        # BackendCompilerFailed.
         SolverOptions(seed=self.seed, time_limit=self.time_limit, bandwidth=self.bandwidth)
 
     def solver_options(self, device_type: str) -> SolverOptions:

@@ -106,9 +106,10 @@ def verify(
     """Run one eager and one planned training step of `model(*example_inputs)` (a loss, or
     outputs that are summed into one) and compare them.
 
-    The two compared steps draw the same random numbers (dropout's masks). The model's
-    parameters, buffers and gradients, and the random number generators, are as before
-    when this returns. Raises PlanFileError if `plan` was made for another model.
+    The two compared steps start from one seed: the planned forward runs its random ops
+    (dropout) in eager's order, so both draw the same masks. The model's parameters,
+    buffers and gradients, and the random number generators, are as before when this
+    returns. Raises PlanFileError if `plan` was made for another model.
     """
     device = _device_of(model, example_inputs)
     # Both steps run on `model` itself, from the same state, which is restored afterwards:
@@ -125,7 +126,7 @@ def verify(
             # what later steps reuse (cuBLAS's workspace on a GPU), which is not the plan's.
             training_step(model, example_inputs)()
             _reset(model, state)
-            torch.manual_seed(_COMPARED_SEED)
+            _seed_compared_step(device)
             eager_peak = measure_peak(
                 training_step(model, example_inputs), resident=resident, device=device
             )
@@ -139,7 +140,7 @@ def verify(
             )
             training_step(planned, example_inputs)()
             _reset(model, state)
-            torch.manual_seed(_COMPARED_SEED)
+            _seed_compared_step(device)
             measured = measure_peak(
                 training_step(planned, example_inputs), resident=resident, device=device
             )
@@ -197,6 +198,15 @@ def steady_step_peak(run: nn.Module, model: nn.Module, inputs: Sequence[Any]) ->
     step = training_step(run, inputs)
     resident = resident_tensors(model, inputs)
     return measure_peak(step, resident=resident, device=_device_of(model, inputs)).peak_bytes
+
+
+def _seed_compared_step(device: torch.device) -> None:
+    """Seed the generators verify forks (the host's, and `device`'s where it is a GPU) and
+    no other: torch.manual_seed would reset every GPU's, and leave them so."""
+    torch.random.default_generator.manual_seed(_COMPARED_SEED)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        torch.cuda.default_generators[index].manual_seed(_COMPARED_SEED)
 
 
 def resident_tensors(model: nn.Module, inputs: Sequence[Any]) -> list[torch.Tensor]:
