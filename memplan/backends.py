@@ -36,14 +36,16 @@ made before without solving or profiling.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 import torch._functorch.config as functorch_config
 import torch.utils._pytree as pytree
+from rich import get_console
 from torch._dynamo.backends.common import aot_autograd
 
 from memplan.budget import Budget
@@ -489,7 +491,16 @@ class MemplanBackend:
         compiled, the backward lowered at once (not at the first backward) so that it can
         be checked."""
         inner = CompiledGraphs(compiler) if self.checks_compiled else compiler
-        with functorch_config.patch(force_non_lazy_backward_lowering=self.checks_compiled):
+        rounds = len(partitioner.plans)  # this graph's plans compiled before
+        doing = (
+            f"{partitioner.name}: planning for {partitioner.budget}, then compiling"
+            + (" with Inductor" if self.checks_compiled else "")
+            + (f" (plan {rounds + 1})" if rounds else "")
+        )
+        with (
+            _status(doing, self.options.progress),
+            functorch_config.patch(force_non_lazy_backward_lowering=self.checks_compiled),
+        ):
             compiled = aot_autograd(
                 fw_compiler=inner,
                 bw_compiler=inner,
@@ -531,6 +542,19 @@ class MemplanBackend:
             # At the least, the least is what Inductor runs.
             plan = dataclasses.replace(plan, budget=max(plan.budget, peak))
         return Round(compiled, dataclasses.replace(plan, compiled_peak=peak), inner, schedule)
+
+
+@contextlib.contextmanager
+def _status(doing: str, progress: bool) -> Iterator[None]:
+    """A spinner saying what the backend is `doing`, on a terminal where progress is on:
+    planning a graph and compiling it with Inductor, a few times over where the rounds
+    plan it again, can take minutes in the user's first step."""
+    console = get_console()
+    if not (progress and console.is_terminal):
+        yield
+        return
+    with console.status(f"memplan: {doing}"):
+        yield
 
 
 def backend(

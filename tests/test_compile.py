@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from rich.console import Console
 from strategies import chain_graph
 from test_e2e import eager_grads, example_of, train_step
 
@@ -433,6 +434,22 @@ def test_a_bad_solver_or_solver_option_is_refused_where_the_backend_is_built(
         memplan.backend(budget="60%", **options)
     with pytest.raises(error, match=message):
         PlanOptions(**options)
+
+
+def test_a_terminal_is_told_what_each_compile_of_a_graph_is_doing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Planning a graph and compiling it with Inductor, again in each round, can take
+    minutes: on a terminal, with progress on (the default), a spinner says which graph is
+    planned for what."""
+    shown = io.StringIO()
+    terminal = Console(file=shown, force_terminal=True, width=200)
+    monkeypatch.setattr(memplan_backends, "get_console", lambda: terminal)
+    example = ZOO["mlp"](batch=512)
+    torch._dynamo.reset()
+    backend = memplan.backend(budget="70%")
+    train_step(torch.compile(copy.deepcopy(example.model), backend=backend), example.inputs)()
+    assert "memplan: graph0: planning for 70%, then compiling with Inductor" in shown.getvalue()
 
 
 def _a_library_deprecation() -> None:
