@@ -63,6 +63,7 @@ from memplan.planner.rounds import (
     has_convolutions,
     kept_round,
     layout_may_cost,
+    least_peak_aim,
     lowered_in_vain,
     next_aim,
     replanned_note,
@@ -259,7 +260,8 @@ class MemplanBackend:
         from the budget as first asked: rounds with it are kept where one holds, since
         its kernels are faster. Where no round holds the budget, the least-memory plan is
         the last round tried (for a graph with convolutions, with layout optimization and
-        without it)."""
+        without it). Wherever the least-memory plan compiles above its prediction, the
+        round after it is planned for that peak (_after_least)."""
         first = len(partitioner.plans)
         inner = self.inner
         try:
@@ -304,7 +306,9 @@ class MemplanBackend:
                 if planned_least or all(r.plan.peak > target for r in rounds):
                     partitioner.options, partitioner.budget = options, budget
                     start, inner = len(partitioner.plans), self.without_layout
-                    plain = self._aot(gm, example_inputs, partitioner, inner)
+                    with warnings.catch_warnings():  # the first round's said them
+                        warnings.simplefilter("ignore", MemplanWarning)
+                        plain = self._aot(gm, example_inputs, partitioner, inner)
                     rounds.append(self._checked(partitioner, start, *plain, inner, quiet=True))
                     partitioner.options = aiming
                     self._more_rounds(gm, example_inputs, partitioner, rounds, target)
@@ -327,24 +331,30 @@ class MemplanBackend:
                 MemplanWarning,
                 stacklevel=3,
             )
-        elif planned_least and plan.peak > plan.predicted_peak:
+        elif planned_least and plan.peak > first_plan.predicted_peak:
             # The planner's warning named the least of the unfused graphs.
             warnings.warn(
-                f"{plan.name}: as Inductor compiled it, the least-memory plan peaks at "
+                f"{plan.name}: as Inductor compiled it, the graph's least peak found is "
                 f"{format_bytes(plan.peak)}",
                 MemplanWarning,
                 stacklevel=3,
             )
         # The kept round's plan, held to the budget asked, is the graph's only plan: a
-        # least-memory round that holds it is a plan for it, not a best effort.
+        # least-memory round that holds it is a plan for it, not a best effort. Where the
+        # budget asked is under the least, the plan kept is a best effort, whatever round
+        # it came from, and its budget the least peak found: its own.
         holds_as_least = index > 0 and plan.status == "best-effort" and plan.peak <= target
+        if planned_least:
+            status, budget_held = "best-effort", plan.peak if index > 0 else target
+        else:
+            status, budget_held = "feasible" if holds_as_least else plan.status, target
         kept = dataclasses.replace(
             plan,
-            status="feasible" if holds_as_least else plan.status,
-            budget=target,
+            status=status,
+            budget=budget_held,
             requested_budget=first_plan.requested_budget,
             requested_as=first_plan.requested_as,
-            note=plan.note if index == 0 else replanned_note(plan, target),
+            note=plan.note if index == 0 else replanned_note(plan, target, planned_least),
             # Each round's aim, its peak as compiled and whether Inductor's layout
             # optimization was on, for reports and benchmarks.
             options={
@@ -371,9 +381,14 @@ class MemplanBackend:
         each planned at a budget moved by the last one's peak as compiled (_next_aim) until
         none would differ, the aim is within SAME_AIM of a round's compiled this way, the
         plan made is one compiled this way already, or a lower aim bought no lower peak;
-        `rounds` grows by each."""
+        `rounds` grows by each (and by the round after a least-memory plan: _add_round).
+        After the least-memory plan, planned for a budget under the graph's least, the
+        only round is the one after it: no aim is lower."""
         if partitioner.reuse is not None:
             return  # the decisions are fixed: planned at any aim, the plan is the same
+        if rounds[-1].plan.status == "best-effort":
+            self._after_least(gm, example_inputs, partitioner, rounds)
+            return
         inner = rounds[-1].inner
         for _ in range(INDUCTOR_ROUNDS):
             # A round's plan is made at its aim: a plan's budget is the aim it was made at
@@ -384,10 +399,46 @@ class MemplanBackend:
                 return
             if len(ours) > 1 and lowered_in_vain(ours[-2], ours[-1], target):
                 return
-            made = self._round(gm, example_inputs, partitioner, rounds, inner, aim)
-            if made is None:
+            if not self._add_round(gm, example_inputs, partitioner, rounds, inner, aim):
                 return  # more or less budget gave a plan compiled before: nothing new
-            rounds.append(made)
+
+    def _add_round(
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        partitioner: Partitioner,
+        rounds: list[Round],
+        inner: Callable[..., Any],
+        aim: int,
+    ) -> bool:
+        """The round at `aim` (_round) added to `rounds`, and the round after it where it
+        is the least-memory plan (_after_least); False, adding none, where the plan made
+        is one of `rounds` compiled with `inner`."""
+        made = self._round(gm, example_inputs, partitioner, rounds, inner, aim)
+        if made is None:
+            return False
+        rounds.append(made)
+        self._after_least(gm, example_inputs, partitioner, rounds)
+        return True
+
+    def _after_least(
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        partitioner: Partitioner,
+        rounds: list[Round],
+    ) -> None:
+        """Where the last of `rounds` is the least-memory plan and peaks above its
+        prediction as Inductor compiled it, one more round, compiled as it was, planned
+        for that peak (least_peak_aim): recomputing less, it may compile lower. Every
+        least-memory round is followed by it, so the least an InfeasibleBudget names
+        (_least_as_compiled) is one the rounds find again at that budget."""
+        least = rounds[-1]
+        aim = least_peak_aim(least.plan)
+        if aim is not None:
+            made = self._round(gm, example_inputs, partitioner, rounds, least.inner, aim)
+            if made is not None:
+                rounds.append(made)
 
     def _round(
         self,
@@ -423,11 +474,9 @@ class MemplanBackend:
         rounds: list[Round],
         inner: Callable[..., Any],
     ) -> None:
-        """The least-memory plan as a round compiled with `inner`, where it is not one of
-        `rounds` already."""
-        made = self._round(gm, example_inputs, partitioner, rounds, inner, LEAST_AIM)
-        if made is not None:
-            rounds.append(made)
+        """The least-memory plan as a round compiled with `inner`, and the round after it
+        (_add_round), where it is not one of `rounds` already."""
+        self._add_round(gm, example_inputs, partitioner, rounds, inner, LEAST_AIM)
 
     def _layout_on(self, inner: Callable[..., Any]) -> bool:
         """Whether Inductor compiled with `inner` applies its layout optimization."""

@@ -30,7 +30,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from memplan.planner.capture import boxed_runner, module_copy
-from memplan.planner.measure import measure_peak
+from memplan.planner.measure import measure_peak, own_random_numbers
 from memplan.planner.plan_file import Plan
 from memplan.planner.shapes import hint
 
@@ -78,9 +78,9 @@ def compiled_peak(plan: Plan, graphs: Sequence[CompiledGraph], device: torch.dev
     less, negative). The forwards run on random inputs of their traced sizes; each
     backward on what its forward returned (a saved index is one the forward made, valid
     for its kernels) and the same random gradients of the outputs."""
-    # The runs draw random numbers: the user's generator is left as it was.
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(0)
+    # The runs draw random numbers: the user's generators are left as they were.
+    with own_random_numbers(device) as seed:
+        seed(0)
         return _compiled_peak(plan, graphs, device)
 
 

@@ -5,12 +5,13 @@ The figures the simulator's predictions are checked against (see docs: Measureme
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import statistics
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -108,6 +109,26 @@ class LiveStorageTracker(TorchDispatchMode):
             entry = self._live.pop(key, None)
             if entry is not None:
                 self.current -= entry[1]
+
+
+@contextlib.contextmanager
+def own_random_numbers(device: torch.device) -> Iterator[Callable[[int], None]]:
+    """The host's generator and `device`'s (where it is a GPU) forked for memplan's own
+    runs: the user's random numbers afterwards are those before. Yields a function that
+    seeds those two generators and no other: torch.manual_seed would reset every GPU's,
+    forked or not, and leave them so."""
+    gpu = device.type == "cuda"
+    index = device.index
+    if gpu and index is None:
+        index = torch.cuda.current_device()
+
+    def seed(value: int) -> None:
+        torch.random.default_generator.manual_seed(value)
+        if index is not None and gpu:
+            torch.cuda.default_generators[index].manual_seed(value)
+
+    with torch.random.fork_rng(devices=[index] if gpu else []):
+        yield seed
 
 
 @dataclass(frozen=True)

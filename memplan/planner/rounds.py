@@ -5,7 +5,8 @@ A round is one plan of a graph compiled by Inductor and checked (compiled_peak.p
 peak as compiled moves the aim of the next (`next_aim`); the rounds end where planning
 again cannot do better (`next_aim` is None, `lowered_in_vain`, or the plan is one compiled
 before: Partitioner.compiled); the fastest round within the budget is kept
-(`kept_round`). backends.MemplanBackend runs them.
+(`kept_round`). The least-memory plan, where it compiles above its prediction, is followed
+by one round planned for that peak (`least_peak_aim`). backends.MemplanBackend runs them.
 """
 
 from __future__ import annotations
@@ -68,9 +69,18 @@ def has_convolutions(partitioner: Partitioner) -> bool:
     return bool(joint.find_nodes(op="call_function", target=torch.ops.aten.convolution.default))
 
 
-def replanned_note(plan: Plan, target: int) -> str:
+def replanned_note(plan: Plan, target: int, least_sought: bool) -> str:
     """What a plan made at a budget moved from `target` says of itself (a least-memory
-    round's planner note, of a budget under its least, is not the user's)."""
+    round's planner note, of a budget under its least, is not the user's). Where the budget
+    asked is under the graph's least (`least_sought`), the rounds sought its least peak as
+    compiled, and `target` is no budget of the user's."""
+    if least_sought:
+        how = (
+            "the least-memory plan"
+            if plan.status == "best-effort"
+            else f"planned at {format_bytes(plan.requested_budget)}"
+        )
+        return f"{how}: the least peak of the graphs as Inductor compiled them"
     within = f"so that the graphs as Inductor compiled them peak within {format_bytes(target)}"
     if plan.status == "best-effort":
         return f"the least-memory plan, {within}"
@@ -95,6 +105,21 @@ def next_aim(plan: Plan, target: int) -> int | None:
     # Below the plan's own simulated peak, which can lie well under its budget: a budget
     # lowered from above it could give the same plan again.
     return max(1, min(plan.budget, plan.predicted_peak) + room)
+
+
+def least_peak_aim(plan: Plan) -> int | None:
+    """Where `plan` is the least-memory plan (best effort) and peaks above its prediction as
+    Inductor compiled it by over COMPILED_SLACK of it, that peak: the aim of one more round
+    (with less room, the plan made is that plan or nearly). A plan made for it recomputes
+    less, and its kernels may peak lower: on the zoo's CNN, the least-memory plan
+    (19 tensors recomputed) compiles to 195.69 MiB, and the plan made for 195.69 MiB (9
+    recomputed) to 179.69 MiB (docs/results.md, CNN's 50% and least runs of 11-29). None
+    otherwise."""
+    if plan.status != "best-effort" or not plan.compiled_peak:
+        return None
+    if plan.compiled_peak <= plan.predicted_peak * (1 + COMPILED_SLACK):
+        return None
+    return plan.compiled_peak
 
 
 def lowered_in_vain(before: Plan, last: Plan, target: int) -> bool:

@@ -19,7 +19,7 @@ from torch import nn
 
 from memplan.budget import Budget
 from memplan.errors import MemplanError
-from memplan.planner.measure import measure_peak
+from memplan.planner.measure import measure_peak, own_random_numbers
 from memplan.planner.module import plan_module
 from memplan.planner.options import PlanOptions
 from memplan.planner.peak_contents import LiveBlocks, live_at_peak
@@ -119,14 +119,14 @@ def verify(
     resident = resident_tensors(model, example_inputs)
     # The user's random numbers are left as they were; inside, the two compared steps
     # start from one seed, so that a model with dropout draws the same masks in both.
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+    with own_random_numbers(device) as seed:
         try:
             _reset(model, state)
             # One unmeasured step first, for eager and planned alike: a first step also sets up
             # what later steps reuse (cuBLAS's workspace on a GPU), which is not the plan's.
             training_step(model, example_inputs)()
             _reset(model, state)
-            _seed_compared_step(device)
+            seed(_COMPARED_SEED)
             eager_peak = measure_peak(
                 training_step(model, example_inputs), resident=resident, device=device
             )
@@ -140,7 +140,7 @@ def verify(
             )
             training_step(planned, example_inputs)()
             _reset(model, state)
-            _seed_compared_step(device)
+            seed(_COMPARED_SEED)
             measured = measure_peak(
                 training_step(planned, example_inputs), resident=resident, device=device
             )
@@ -198,15 +198,6 @@ def steady_step_peak(run: nn.Module, model: nn.Module, inputs: Sequence[Any]) ->
     step = training_step(run, inputs)
     resident = resident_tensors(model, inputs)
     return measure_peak(step, resident=resident, device=_device_of(model, inputs)).peak_bytes
-
-
-def _seed_compared_step(device: torch.device) -> None:
-    """Seed the generators verify forks (the host's, and `device`'s where it is a GPU) and
-    no other: torch.manual_seed would reset every GPU's, and leave them so."""
-    torch.random.default_generator.manual_seed(_COMPARED_SEED)
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        torch.cuda.default_generators[index].manual_seed(_COMPARED_SEED)
 
 
 def resident_tensors(model: nn.Module, inputs: Sequence[Any]) -> list[torch.Tensor]:
