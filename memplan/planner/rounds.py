@@ -113,8 +113,7 @@ def least_peak_aim(plan: Plan) -> int | None:
     (with less room, the plan made is that plan or nearly). A plan made for it recomputes
     less, and its kernels may peak lower: on the zoo's CNN, the least-memory plan
     (19 tensors recomputed) compiles to 195.69 MiB, and the plan made for 195.69 MiB (9
-    recomputed) to 179.69 MiB (docs/results.md, CNN's 50% and least runs of 11-29). None
-    otherwise."""
+    recomputed) to 179.69 MiB (docs/pipeline.md). None otherwise."""
     if plan.status != "best-effort" or not plan.compiled_peak:
         return None
     if plan.compiled_peak <= plan.predicted_peak * (1 + COMPILED_SLACK):
