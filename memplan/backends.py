@@ -49,6 +49,7 @@ from rich import get_console
 from torch._dynamo.backends.common import aot_autograd
 
 from memplan.budget import Budget
+from memplan.config import shows_progress
 from memplan.errors import InfeasibleBudget, MemplanError, MemplanWarning, first_line
 from memplan.planner.capture import boxed_runner
 from memplan.planner.compiled_peak import CompiledGraphs, compiled_peak
@@ -597,9 +598,10 @@ class MemplanBackend:
 def _status(doing: str, progress: bool) -> Iterator[None]:
     """A spinner saying what the backend is `doing`, on a terminal where progress is on:
     planning a graph and compiling it with Inductor, a few times over where the rounds
-    plan it again, can take minutes in the user's first step."""
+    plan it again, can take minutes in the user's first step. One rank of a distributed
+    run shows it (shows_progress)."""
     console = get_console()
-    if not (progress and console.is_terminal):
+    if not (progress and console.is_terminal and shows_progress()):
         yield
         return
     with console.status(f"memplan: {doing}"):

@@ -452,6 +452,21 @@ def test_a_terminal_is_told_what_each_compile_of_a_graph_is_doing(
     assert "memplan: graph0: planning for 70%, then compiling with Inductor" in shown.getvalue()
 
 
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_only_the_first_rank_of_a_distributed_run_shows_the_spinner(
+    monkeypatch: pytest.MonkeyPatch, rank: str
+) -> None:
+    """Under torchrun every rank compiles: one spinner on the terminal, rank 0's, not one per
+    rank (the profiling bar follows the same rule, config.shows_progress)."""
+    shown = io.StringIO()
+    terminal = Console(file=shown, force_terminal=True, width=200)
+    monkeypatch.setattr(memplan_backends, "get_console", lambda: terminal)
+    monkeypatch.setenv("RANK", rank)
+    with memplan_backends._status("graph0: planning for 70%", progress=True):
+        pass
+    assert ("memplan: graph0: planning for 70%" in shown.getvalue()) is (rank == "0")
+
+
 def _a_library_deprecation() -> None:
     warnings.warn("a library's own deprecation", DeprecationWarning, stacklevel=1)
 

@@ -29,6 +29,7 @@ from torch import fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils._pytree import tree_leaves, tree_map
 
+from memplan.config import shows_progress
 from memplan.devices import DeviceSpec
 from memplan.errors import MemplanWarning, UnsupportedModel
 from memplan.planner import allocator
@@ -179,7 +180,7 @@ def _measure(
     inputs.update({n: _attribute(gm, n, device) for n in nodes if n.op == "get_attr"})
     substitutes: dict[fx.Node, object] = {}  # outputs of nodes that failed, made up from meta
     samples: dict[str, list[float]] = defaultdict(list)
-    show = progress and sys.stdout.isatty()
+    show = progress and sys.stdout.isatty() and shows_progress()
     for i in track(range(warmup + repeats), description="profiling", disable=not show):
         seconds = _run_pass(nodes, frees, inputs, substitutes, device)
         if i >= warmup:
