@@ -18,10 +18,12 @@ graph.
 Under Inductor, a plan's peak is checked as Inductor compiled it (planner/compiled_peak.py):
 where Inductor's kernels hold more than the planned graphs, the graph is planned again at a
 budget lowered by the excess, and where fusion leaves room over COMPILED_SLACK of the
-budget, at one raised by it (up to INDUCTOR_ROUNDS times; a graph planned best effort is
-not planned again, a plan made again is not compiled again, and the aim is not lowered
-again after a lowered round that peaked no lower). Where no round holds the budget, the
-least-memory plan (LEAST_AIM) is compiled as well. `Plan.compiled_peak` is the
+budget, at one raised by it (up to INDUCTOR_ROUNDS times; a plan made again is not
+compiled again, and the aim is not lowered again after a lowered round that peaked no
+lower). Where no round holds the budget, the least-memory plan (LEAST_AIM) is compiled as
+well. The least-memory plan, where it compiles over COMPILED_SLACK above its prediction,
+is followed by one round planned for that peak (it recomputes less, and can compile
+lower), and the rounds end there. `Plan.compiled_peak` is the
 prediction of what runs. Where no round of a graph with convolutions holds its budget with
 Inductor's layout optimization (planned best effort: none within its unfused prediction),
 its least-memory plan is compiled with it, and where that does not hold either, the graph
@@ -44,7 +46,6 @@ from typing import Any
 
 import torch
 import torch._functorch.config as functorch_config
-import torch.utils._pytree as pytree
 from rich import get_console
 from torch._dynamo.backends.common import aot_autograd
 
@@ -53,6 +54,11 @@ from memplan.config import shows_progress
 from memplan.errors import InfeasibleBudget, MemplanError, MemplanWarning, first_line
 from memplan.planner.capture import boxed_runner
 from memplan.planner.compiled_peak import CompiledGraphs, compiled_peak
+from memplan.planner.inductor_steps import (
+    after_joint_passes,
+    inductor_compile,
+    inductor_decompositions,
+)
 from memplan.planner.options import PlanOptions
 from memplan.planner.plan import Partitioner, RepeatedPlan, Resident
 from memplan.planner.plan_file import Plan
@@ -74,68 +80,6 @@ from memplan.shape_dispatch import ShapeDispatch
 from memplan.units import format_bytes
 
 INNER_COMPILERS = ("inductor", "eager")
-
-
-def _inductor_decompositions() -> dict[Any, Callable[..., Any]]:
-    from torch._inductor.compile_fx import select_decomp_table
-
-    return select_decomp_table()
-
-
-def _after_joint_passes(partitioner: Partitioner) -> Callable[..., Any]:
-    """`partitioner` given the joint graph as Inductor's joint-graph passes leave it (no-op
-    views and clones removed, uniform constants folded, its pattern rewrites, its seeded
-    random ops), as torch.compile's own partition step gives it to torch's partitioner:
-    memplan plans the graph Inductor compiles, under the names torch.compile's graphs
-    have."""
-
-    def partition(
-        joint: torch.fx.GraphModule, joint_inputs: Sequence[Any], **kwargs: Any
-    ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
-        from torch._guards import detect_fake_mode
-        from torch._inductor.fx_passes.joint_graph import joint_graph_passes
-        from torch._inductor.virtualized import V
-
-        inputs = pytree.tree_leaves(joint_inputs)
-        devices = (t.device for t in inputs if torch.is_tensor(t))
-        # Inductor sets its pattern rewrites up for the device of the first graph it sees.
-        device = next((d for d in devices if d.type != "meta"), None)
-        # Inductor's own compile runs the passes under the trace's fake mode, and its
-        # rewrite of seeded random ops (dropout) makes fake values with it.
-        with V.set_fake_mode(detect_fake_mode(inputs)):
-            passed = joint_graph_passes(joint, device)
-        _traced_again(passed, inputs)
-        return partitioner(passed, joint_inputs, **kwargs)
-
-    return partition
-
-
-def _traced_again(gm: torch.fx.GraphModule, joint_inputs: Sequence[Any]) -> None:
-    """Each node's value traced again, on the fake inputs the graph was traced with (a
-    placeholder's own, or where the passes left it none, a symbolic size's, the joint
-    input in its place). Inductor's rewrites can leave a node the value it had before
-    them: on BERT, a view that now reads another tensor kept a value viewing the one it
-    read before, so lowering took it for a storage of its own, and a second view of it
-    for a view of the first."""
-    from torch._guards import detect_fake_mode
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
-    placeholders = gm.graph.find_nodes(op="placeholder")
-    inputs = [n.meta.get("val", given) for n, given in zip(placeholders, joint_inputs, strict=True)]
-    FakeTensorProp(gm, detect_fake_mode(inputs)).propagate_dont_convert_inputs(*inputs)
-
-
-def _inductor(settings: dict[str, Any]) -> Callable[..., Any]:
-    """Inductor's compile of one planned graph, under `settings` (torch._inductor.config)."""
-
-    def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-        from torch._inductor import config
-        from torch._inductor.compile_fx import compile_fx_inner
-
-        with config.patch(settings):
-            return compile_fx_inner(gm, list(example_inputs))
-
-    return compile_graph
 
 
 class MemplanBackend:
@@ -162,14 +106,14 @@ class MemplanBackend:
         # the channels-last copies of convolutions' weights and activations it makes are
         # seen by the check of the compiled graphs, compiled_peak.py), unless overridden.
         settings = inductor_config or {}
-        self.inner = boxed_runner if inner == "eager" else _inductor(settings)
+        self.inner = boxed_runner if inner == "eager" else inductor_compile(settings)
         # Where the check of a compiled graph cannot run, what layout optimization adds (a
         # channels-last copy saved in a parameter's place) would go unseen: that graph is
         # compiled again without it, where the unfused prediction holds. Where the check
         # finds that it takes a graph over its budget, the graph is compiled without it too.
         # Unless the user chose the setting.
         self.without_layout = (
-            _inductor({**settings, "layout_optimization": False})
+            inductor_compile({**settings, "layout_optimization": False})
             if inner == "inductor" and "layout_optimization" not in settings
             else None
         )
@@ -181,7 +125,7 @@ class MemplanBackend:
         # Inductor lowers only graphs decomposed by its own table (as torch.compile's
         # default backend traces them): planned on the decomposed graph, the plan is of
         # the ops inductor is given.
-        self.decompositions = _inductor_decompositions() if inner == "inductor" else None
+        self.decompositions = inductor_decompositions() if inner == "inductor" else None
         # And with its joint-graph passes run first, as torch.compile's partition step does.
         self.joint_passes = inner == "inductor"
         # A saved plan whose decisions every graph carries out instead of being solved
@@ -260,9 +204,10 @@ class MemplanBackend:
         it, and where that does not hold either, its rounds are made again without it,
         from the budget as first asked: rounds with it are kept where one holds, since
         its kernels are faster. Where no round holds the budget, the least-memory plan is
-        the last round tried (for a graph with convolutions, with layout optimization and
-        without it). Wherever the least-memory plan compiles above its prediction, the
-        round after it is planned for that peak (_after_least)."""
+        the last plan tried (for a graph with convolutions, with layout optimization and
+        without it), with the round after it. Wherever the least-memory plan compiles
+        over COMPILED_SLACK above its prediction, the round after it is planned for that
+        peak (_after_least)."""
         first = len(partitioner.plans)
         inner = self.inner
         try:
@@ -293,7 +238,9 @@ class MemplanBackend:
             partitioner.options = aiming
             self._more_rounds(gm, example_inputs, partitioner, rounds, target)
             can_drop_layout = layout_checked and self.without_layout is not None
-            plans = [r.plan for r in rounds]
+            # Under the least, the least-memory rounds tell whether layout optimization
+            # costs memory: the round after one is held to no budget of the user's.
+            plans = [r.plan for r in rounds if r.plan.status == "best-effort" or not planned_least]
             if can_drop_layout and layout_may_cost(partitioner, plans, target):
                 # Layout optimization is worth recomputing more (its channels-last kernels
                 # are much faster: docs/measurement.md), but the budget comes first. The
@@ -313,9 +260,9 @@ class MemplanBackend:
                     rounds.append(self._checked(partitioner, start, *plain, inner, quiet=True))
                     partitioner.options = aiming
                     self._more_rounds(gm, example_inputs, partitioner, rounds, target)
-            # Where no round held the budget, the least-memory plan is the last tried: the
-            # least an InfeasibleBudget names is its peak as compiled (_least_as_compiled),
-            # so a budget at that least is held.
+            # Where no round held the budget, the least-memory plan is the last tried, with
+            # the round after it: the least an InfeasibleBudget names is the lower of their
+            # peaks as compiled (_least_as_compiled), so a budget at that least is held.
             if not planned_least and all(r.plan.peak > target for r in rounds):
                 for way in self._least_ways(partitioner, inner, layout_checked):
                     if way not in least_tried:
@@ -343,10 +290,12 @@ class MemplanBackend:
         # The kept round's plan, held to the budget asked, is the graph's only plan: a
         # least-memory round that holds it is a plan for it, not a best effort. Where the
         # budget asked is under the least, the plan kept is a best effort, whatever round
-        # it came from, and its budget the least peak found: its own.
+        # it came from, held to the least peak found: its own as compiled, or the least
+        # the planner found (the first round's budget before its check) where higher.
         holds_as_least = index > 0 and plan.status == "best-effort" and plan.peak <= target
         if planned_least:
-            status, budget_held = "best-effort", plan.peak if index > 0 else target
+            status = "best-effort"
+            budget_held = max(plan.peak, partitioner.plans[first].budget)
         else:
             status, budget_held = "feasible" if holds_as_least else plan.status, target
         kept = dataclasses.replace(
@@ -382,9 +331,9 @@ class MemplanBackend:
         each planned at a budget moved by the last one's peak as compiled (_next_aim) until
         none would differ, the aim is within SAME_AIM of a round's compiled this way, the
         plan made is one compiled this way already, or a lower aim bought no lower peak;
-        `rounds` grows by each (and by the round after a least-memory plan: _add_round).
-        After the least-memory plan, planned for a budget under the graph's least, the
-        only round is the one after it: no aim is lower."""
+        `rounds` grows by each. The least-memory plan, whether the last of `rounds` or
+        made by a lowered aim, ends them, after the round that follows it (_after_least):
+        no aim is lower."""
         if partitioner.reuse is not None:
             return  # the decisions are fixed: planned at any aim, the plan is the same
         if rounds[-1].plan.status == "best-effort":
@@ -400,8 +349,11 @@ class MemplanBackend:
                 return
             if len(ours) > 1 and lowered_in_vain(ours[-2], ours[-1], target):
                 return
-            if not self._add_round(gm, example_inputs, partitioner, rounds, inner, aim):
+            made = self._add_round(gm, example_inputs, partitioner, rounds, inner, aim)
+            if made is None:
                 return  # more or less budget gave a plan compiled before: nothing new
+            if made.plan.status == "best-effort":
+                return  # the least-memory plan, and the round after it: no aim is lower
 
     def _add_round(
         self,
@@ -411,16 +363,16 @@ class MemplanBackend:
         rounds: list[Round],
         inner: Callable[..., Any],
         aim: int,
-    ) -> bool:
-        """The round at `aim` (_round) added to `rounds`, and the round after it where it
-        is the least-memory plan (_after_least); False, adding none, where the plan made
-        is one of `rounds` compiled with `inner`."""
+    ) -> Round | None:
+        """The round at `aim` (_round), added to `rounds` and returned, and the round
+        after it where it is the least-memory plan (_after_least); None, adding none, where
+        the plan made is one of `rounds` compiled with `inner`."""
         made = self._round(gm, example_inputs, partitioner, rounds, inner, aim)
         if made is None:
-            return False
+            return None
         rounds.append(made)
         self._after_least(gm, example_inputs, partitioner, rounds)
-        return True
+        return made
 
     def _after_least(
         self,
@@ -429,11 +381,12 @@ class MemplanBackend:
         partitioner: Partitioner,
         rounds: list[Round],
     ) -> None:
-        """Where the last of `rounds` is the least-memory plan and peaks above its
-        prediction as Inductor compiled it, one more round, compiled as it was, planned
-        for that peak (least_peak_aim): recomputing less, it may compile lower. Every
-        least-memory round is followed by it, so the least an InfeasibleBudget names
-        (_least_as_compiled) is one the rounds find again at that budget."""
+        """Where the last of `rounds` is the least-memory plan and peaks over
+        COMPILED_SLACK above its prediction as Inductor compiled it, one more round,
+        compiled as it was, planned for that peak (least_peak_aim): recomputing less, it
+        may compile lower. Every least-memory round is followed by it, so the least an
+        InfeasibleBudget names (_least_as_compiled) is one the rounds find again at that
+        budget."""
         least = rounds[-1]
         aim = least_peak_aim(least.plan)
         if aim is not None:
@@ -489,10 +442,11 @@ class MemplanBackend:
         """The inner compilers to compile the least-memory plan with, where no round held
         the budget: the rounds' own (`inner`) and, for a graph with convolutions whose
         check could run with layout optimization, the other way of it. The least an
-        InfeasibleBudget names is that plan's peak as compiled with layout optimization, or
-        without it where that is lower (_least_as_compiled), while the rounds may have
-        left layout optimization for a plan it took over the budget: a budget at that least
-        is held only if the least plan is compiled both ways."""
+        InfeasibleBudget names is the least peak as compiled of that plan and the round
+        after it (_after_least), with layout optimization or without it where that is
+        lower (_least_as_compiled), while the rounds may have left layout optimization for
+        a plan it took over the budget: a budget at that least is held only if the least
+        plan is compiled both ways."""
         both = self.without_layout is not None and layout_checked
         if not both or not has_convolutions(partitioner):
             return [inner]
@@ -555,7 +509,7 @@ class MemplanBackend:
                 fw_compiler=inner,
                 bw_compiler=inner,
                 partition_fn=(
-                    _after_joint_passes(partitioner) if self.joint_passes else partitioner
+                    after_joint_passes(partitioner) if self.joint_passes else partitioner
                 ),
                 decompositions=self.decompositions,
             )(gm, example_inputs)

@@ -24,7 +24,7 @@ from memplan.units import format_bytes
 
 # Per graph: how many times it may be planned again, at a budget moved by what Inductor's
 # compiled graphs peaked above (or below) the budget; the least-memory plan, tried where
-# none holds the budget, comes on top.
+# none holds the budget, and the round after it (least_peak_aim) come on top.
 INDUCTOR_ROUNDS = 3
 LEAST_AIM = 1  # bytes: a budget under every graph's least, planned best effort for it
 # Inductor's fusion can leave a plan well under its budget: where the room left is over
