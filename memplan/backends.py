@@ -249,7 +249,7 @@ class MemplanBackend:
                 # first; where that does not hold either, the graph is planned again
                 # without it, from its budget as first asked.
                 if not planned_least:
-                    self._least_round(gm, example_inputs, partitioner, rounds, inner)
+                    self._add_round(gm, example_inputs, partitioner, rounds, inner, LEAST_AIM)
                     least_tried.append(inner)
                 if planned_least or all(r.plan.peak > target for r in rounds):
                     partitioner.options, partitioner.budget = options, budget
@@ -266,7 +266,7 @@ class MemplanBackend:
             if not planned_least and all(r.plan.peak > target for r in rounds):
                 for way in self._least_ways(partitioner, inner, layout_checked):
                     if way not in least_tried:
-                        self._least_round(gm, example_inputs, partitioner, rounds, way)
+                        self._add_round(gm, example_inputs, partitioner, rounds, way, LEAST_AIM)
         finally:
             partitioner.options, partitioner.budget = options, budget
         index = kept_round([r.plan for r in rounds], target)
@@ -419,18 +419,6 @@ class MemplanBackend:
         finally:
             partitioner.compiled = []
         return self._checked(partitioner, start, compiled, graphs, inner)
-
-    def _least_round(
-        self,
-        gm: torch.fx.GraphModule,
-        example_inputs: Sequence[Any],
-        partitioner: Partitioner,
-        rounds: list[Round],
-        inner: Callable[..., Any],
-    ) -> None:
-        """The least-memory plan as a round compiled with `inner`, and the round after it
-        (_add_round), where it is not one of `rounds` already."""
-        self._add_round(gm, example_inputs, partitioner, rounds, inner, LEAST_AIM)
 
     def _layout_on(self, inner: Callable[..., Any]) -> bool:
         """Whether Inductor compiled with `inner` applies its layout optimization."""
