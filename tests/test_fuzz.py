@@ -682,6 +682,20 @@ def test_provenance_says_which_schedule_a_solve_returns(solved, expected):
     assert provenance(heuristic, "director", SolverOptions()) is None
 
 
+def test_a_best_effort_plan_reapplied_under_a_budget_that_holds_it_is_feasible(vgg):
+    """A kept best-effort plan (memplan.backend(reuse=plan)) carried out under a budget
+    its schedule meets is a plan for that budget, not a best effort; under one it misses,
+    the search goes on as for any schedule."""
+    everything = remat.to_schedule(vgg, range(len(vgg)))
+    kept = SolveResult("director", "best-effort", everything)
+    budget = remat.reference(vgg).peak
+    general = SolverOptions(problem="general")
+    solved = solve_within_budget(vgg, budget, "director", general, first=kept)
+    assert solved.result.status == "feasible" and solved.result.schedule == everything
+    lower = solve_within_budget(vgg, budget - 1, "director", general, first=kept, best_effort=True)
+    assert lower.result.schedule != everything
+
+
 def test_the_directors_least_memory_schedule_stands_in_where_its_search_missed(vgg, monkeypatch):
     """Where neither the named solver nor the director's budgeted search finds a schedule
     but the director's least-memory one fits, that is returned, and says so; it used to

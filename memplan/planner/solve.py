@@ -83,7 +83,11 @@ def solve_within_budget(
     cut_short = first is None and ran_out(named.result, options)
     if named.peak <= budget:
         assert named.trace is not None
-        return Solved(named.result, named.trace, budget, cut_short=cut_short)
+        # A best-effort plan re-applied (`first`) under a budget that holds it is a plan for
+        # that budget: its status was the budget it was made for.
+        held = dataclasses.replace(named.result, status="feasible")
+        result = held if named.result.status == "best-effort" else named.result
+        return Solved(result, named.trace, budget, cut_short=cut_short)
     if named.result.status == "timeout":
         why = f"in {options.time_limit:g} s"
     elif named.trace is None:
