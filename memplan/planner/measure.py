@@ -117,17 +117,16 @@ def own_random_numbers(device: torch.device) -> Iterator[Callable[[int], None]]:
     runs: the user's random numbers afterwards are those before. Yields a function that
     seeds those two generators and no other: torch.manual_seed would reset every GPU's,
     forked or not, and leave them so."""
-    gpu = device.type == "cuda"
-    index = device.index
-    if gpu and index is None:
-        index = torch.cuda.current_device()
+    gpus: list[int] = []  # the one GPU forked and seeded, if any
+    if device.type == "cuda":
+        gpus.append(torch.cuda.current_device() if device.index is None else device.index)
 
     def seed(value: int) -> None:
         torch.random.default_generator.manual_seed(value)
-        if index is not None and gpu:
+        for index in gpus:
             torch.cuda.default_generators[index].manual_seed(value)
 
-    with torch.random.fork_rng(devices=[index] if gpu else []):
+    with torch.random.fork_rng(devices=gpus):
         yield seed
 
 

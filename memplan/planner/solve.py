@@ -85,8 +85,9 @@ def solve_within_budget(
         assert named.trace is not None
         # A best-effort plan re-applied (`first`) under a budget that holds it is a plan for
         # that budget: its status was the budget it was made for.
-        held = dataclasses.replace(named.result, status="feasible")
-        result = held if named.result.status == "best-effort" else named.result
+        result = named.result
+        if result.status == "best-effort":
+            result = dataclasses.replace(result, status="feasible")
         return Solved(result, named.trace, budget, cut_short=cut_short)
     if named.result.status == "timeout":
         why = f"in {options.time_limit:g} s"
