@@ -207,7 +207,9 @@ class MemplanBackend:
         the last plan tried (for a graph with convolutions, with layout optimization and
         without it), with the round after it. Wherever the least-memory plan compiles
         over COMPILED_SLACK above its prediction, the round after it is planned for that
-        peak (_after_least)."""
+        peak (_after_least); under a budget below the least, only the lower of the
+        least-memory rounds (with layout optimization, and without it where it may cost)
+        is followed so."""
         first = len(partitioner.plans)
         inner = self.inner
         try:
@@ -236,7 +238,8 @@ class MemplanBackend:
         least_tried: list[Callable[..., Any]] = []  # inner compilers the least plan had
         try:
             partitioner.options = aiming
-            self._more_rounds(gm, example_inputs, partitioner, rounds, target)
+            if not planned_least:  # below the least, each round is the least-memory plan
+                self._more_rounds(gm, example_inputs, partitioner, rounds, target)
             can_drop_layout = layout_checked and self.without_layout is not None
             # Under the least, the least-memory rounds tell whether layout optimization
             # costs memory: the round after one is held to no budget of the user's.
@@ -259,7 +262,16 @@ class MemplanBackend:
                         plain = self._aot(gm, example_inputs, partitioner, inner)
                     rounds.append(self._checked(partitioner, start, *plain, inner, quiet=True))
                     partitioner.options = aiming
-                    self._more_rounds(gm, example_inputs, partitioner, rounds, target)
+                    if not planned_least:
+                        self._more_rounds(gm, example_inputs, partitioner, rounds, target)
+            if planned_least and partitioner.reuse is None:
+                # One round after the lower least-memory round, not one after each: planned
+                # for a peak above the least found, the other's would recompute less and
+                # seldom compile lower (on ResNet at its least, neither did), and a round
+                # is a whole compile. The rounds at a budget at the least an
+                # InfeasibleBudget names (_least_ways) follow each, so they find it again.
+                lowest = min(rounds, key=lambda r: r.plan.peak)
+                self._after_least(gm, example_inputs, partitioner, rounds, lowest)
             # Where no round held the budget, the least-memory plan is the last tried, with
             # the round after it: the least an InfeasibleBudget names is the lower of their
             # peaks as compiled (_least_as_compiled), so a budget at that least is held.
@@ -337,7 +349,7 @@ class MemplanBackend:
         if partitioner.reuse is not None:
             return  # the decisions are fixed: planned at any aim, the plan is the same
         if rounds[-1].plan.status == "best-effort":
-            self._after_least(gm, example_inputs, partitioner, rounds)
+            self._after_least(gm, example_inputs, partitioner, rounds, rounds[-1])
             return
         inner = rounds[-1].inner
         for _ in range(INDUCTOR_ROUNDS):
@@ -371,7 +383,7 @@ class MemplanBackend:
         if made is None:
             return None
         rounds.append(made)
-        self._after_least(gm, example_inputs, partitioner, rounds)
+        self._after_least(gm, example_inputs, partitioner, rounds, made)
         return made
 
     def _after_least(
@@ -380,14 +392,14 @@ class MemplanBackend:
         example_inputs: Sequence[Any],
         partitioner: Partitioner,
         rounds: list[Round],
+        least: Round,
     ) -> None:
-        """Where the last of `rounds` is the least-memory plan and peaks over
-        COMPILED_SLACK above its prediction as Inductor compiled it, one more round,
-        compiled as it was, planned for that peak (least_peak_aim): recomputing less, it
-        may compile lower. Every least-memory round is followed by it, so the least an
-        InfeasibleBudget names (_least_as_compiled) is one the rounds find again at that
-        budget."""
-        least = rounds[-1]
+        """Where `least` (one of `rounds`) is the least-memory plan and peaks over
+        COMPILED_SLACK above its prediction as Inductor compiled it, one more round added
+        to `rounds`, compiled as it was, planned for that peak (least_peak_aim):
+        recomputing less, it may compile lower. Where a budget is held to no least, every
+        least-memory round is followed by it, so the least an InfeasibleBudget names
+        (_least_as_compiled) is one the rounds find again at that budget."""
         aim = least_peak_aim(least.plan)
         if aim is not None:
             made = self._round(gm, example_inputs, partitioner, rounds, least.inner, aim)
