@@ -14,5 +14,7 @@ def cache_dir() -> Path:
 
 def shows_progress() -> bool:
     """Whether this process may draw progress bars and spinners: under torchrun (which sets
-    `$RANK`) only rank 0 does, so that a terminal shows one bar, not one per rank."""
-    return os.environ.get("RANK", "0").strip() in ("", "0")
+    `$LOCAL_RANK` and `$RANK`) only each node's rank 0 does, so that a node's terminal or
+    log shows one bar, not one per rank; a launcher that sets only `$RANK`, its rank 0."""
+    rank = os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))
+    return rank.strip() in ("", "0")

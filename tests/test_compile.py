@@ -445,7 +445,8 @@ def test_a_terminal_is_told_what_each_compile_of_a_graph_is_doing(
     shown = io.StringIO()
     terminal = Console(file=shown, force_terminal=True, width=200)
     monkeypatch.setattr(memplan_backends, "get_console", lambda: terminal)
-    monkeypatch.delenv("RANK", raising=False)  # a distributed run shows rank 0's only
+    for rank in ("RANK", "LOCAL_RANK"):  # a distributed run shows rank 0's only
+        monkeypatch.delenv(rank, raising=False)
     example = ZOO["mlp"](batch=512)
     torch._dynamo.reset()
     backend = memplan.backend(budget="70%")
@@ -453,19 +454,28 @@ def test_a_terminal_is_told_what_each_compile_of_a_graph_is_doing(
     assert "memplan: graph0: planning for 70%, then compiling with Inductor" in shown.getvalue()
 
 
-@pytest.mark.parametrize("rank", ["0", "1"])
-def test_only_the_first_rank_of_a_distributed_run_shows_the_spinner(
-    monkeypatch: pytest.MonkeyPatch, rank: str
+@pytest.mark.parametrize(
+    ("local_rank", "rank", "shown"),
+    [("0", "0", True), ("1", "1", False), ("0", "4", True), ("2", "6", False), (None, "1", False)],
+)
+def test_only_each_nodes_first_rank_shows_the_spinner(
+    monkeypatch: pytest.MonkeyPatch, local_rank: str | None, rank: str, shown: bool
 ) -> None:
-    """Under torchrun every rank compiles: one spinner on the terminal, rank 0's, not one per
-    rank (the profiling bar follows the same rule, config.shows_progress)."""
-    shown = io.StringIO()
-    terminal = Console(file=shown, force_terminal=True, width=200)
+    """Under torchrun every rank compiles: one spinner per node, its local rank 0's (rank 4
+    is the first of the second node of four GPUs), not one per rank; where a launcher sets
+    only `$RANK`, rank 0's. The profiling bar follows the same rule
+    (config.shows_progress)."""
+    terminal_text = io.StringIO()
+    terminal = Console(file=terminal_text, force_terminal=True, width=200)
     monkeypatch.setattr(memplan_backends, "get_console", lambda: terminal)
     monkeypatch.setenv("RANK", rank)
+    if local_rank is None:
+        monkeypatch.delenv("LOCAL_RANK", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
     with memplan_backends._status("graph0: planning for 70%", progress=True):
         pass
-    assert ("memplan: graph0: planning for 70%" in shown.getvalue()) is (rank == "0")
+    assert ("memplan: graph0: planning for 70%" in terminal_text.getvalue()) is shown
 
 
 def _a_library_deprecation() -> None:
