@@ -105,13 +105,16 @@ def test_inductor_runs_an_offload_plan() -> None:
 
 
 def check_offload_plan_under_inductor(example: Example) -> None:
-    """An offload plan at 50%, compiled by inductor, trains to inductor's tolerance;
+    """An offload plan at 40%, compiled by inductor, trains to inductor's tolerance;
     Inductor issues no prefetch earlier than the plan does, and frees or reuses no
-    offloaded buffer before its release."""
+    offloaded buffer before its release. At 40% each round offloads (the MLP's: 3 to 6
+    tensors); at 50% the rounds' aims rose to where one offloaded only 1, and in a full
+    test run, its profile taken under load, the round kept offloaded none (2-core CPU,
+    2026-11-29)."""
     expected = eager_grads(example)
     tolerance = inductor_errors(example, expected)
     torch._dynamo.reset()
-    backend = memplan.backend(budget="50%", offload=True, offload_threshold=0, progress=False)
+    backend = memplan.backend(budget="40%", offload=True, offload_threshold=0, progress=False)
     compiled_graphs = _recording_inner(backend)
     model = copy.deepcopy(example.model)
     train_step(torch.compile(model, backend=backend), example.inputs)()
