@@ -7,7 +7,9 @@ each writes its results to a file and the assertions run here, in the pytest pro
 
 from __future__ import annotations
 
+import fcntl
 import math
+import os
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -218,8 +220,28 @@ def worker(rank: int, store: str, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """Each rank's results; mp.spawn raises (with the rank's traceback) if a rank fails."""
-    root = tmp_path_factory.mktemp("distributed")
+    """Each rank's results, from one spawn per test run; mp.spawn raises (with the rank's
+    traceback) if a rank fails.
+
+    Under xdist the module's tests are spread over the workers, and each worker would spawn
+    its own ranks (about 40 s of both cores each). So the workers share one spawn through
+    the run's own temporary directory: the first to get its lock spawns, the others wait
+    for it and read its files. Without xdist that directory's parent holds earlier runs'
+    too, so the fixture spawns into a directory of its own."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return spawned(tmp_path_factory.mktemp("distributed"))
+    root = tmp_path_factory.getbasetemp().parent / "distributed"
+    root.mkdir(exist_ok=True)
+    with open(root / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (root / "done").exists():
+            spawned(root)
+            (root / "done").touch()
+    return [torch.load(root / f"rank{r}.pt") for r in range(WORLD)]
+
+
+def spawned(root: Path) -> list[dict[str, Any]]:
+    """The ranks' results, written to `root` by a spawn of WORLD ranks."""
     mp.spawn(worker, args=(str(root / "store"), str(root)), nprocs=WORLD, join=True)
     return [torch.load(root / f"rank{r}.pt") for r in range(WORLD)]
 
