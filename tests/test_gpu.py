@@ -109,7 +109,10 @@ def test_transfer_ops_on_the_copy_stream_under_inductor_and_export() -> None:
 
 
 def test_inductor_runs_an_offload_plan_on_gpu() -> None:
-    check_offload_plan_under_inductor(example_of("mlp").to(CUDA))
+    # Measured: on the H200's roofline estimate the MLP's plans recompute rather than
+    # offload, even over a 1 TB/s link (memplan.plan at 50-70%, 2026-11-30); measured, the
+    # test's plan offloaded on an H200 (2026-11-27, at 50%).
+    check_offload_plan_under_inductor(example_of("mlp").to(CUDA), measure=True)
 
 
 def test_changing_shapes_on_gpu_train_like_eager() -> None:
