@@ -38,19 +38,16 @@ made before without solving or profiling.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch._functorch.config as functorch_config
-from rich import get_console
 from torch._dynamo.backends.common import aot_autograd
 
 from memplan.budget import Budget
-from memplan.config import shows_progress
 from memplan.errors import InfeasibleBudget, MemplanError, MemplanWarning, first_line
 from memplan.planner.capture import boxed_runner
 from memplan.planner.compiled_peak import CompiledGraphs, compiled_peak
@@ -60,7 +57,7 @@ from memplan.planner.inductor_steps import (
     inductor_decompositions,
 )
 from memplan.planner.options import PlanOptions
-from memplan.planner.plan import Partitioner, RepeatedPlan, Resident
+from memplan.planner.plan import Partitioner, RepeatedPlan, Resident, say_again
 from memplan.planner.plan_file import Plan
 from memplan.planner.rounds import (
     INDUCTOR_ROUNDS,
@@ -68,6 +65,7 @@ from memplan.planner.rounds import (
     SAME_AIM,
     Round,
     has_convolutions,
+    held_as_compiled,
     kept_round,
     layout_may_cost,
     least_peak_aim,
@@ -77,6 +75,7 @@ from memplan.planner.rounds import (
 )
 from memplan.planner.shapes import signature_of, size_symbols
 from memplan.shape_dispatch import ShapeDispatch
+from memplan.spinner import spinner
 from memplan.units import format_bytes
 
 INNER_COMPILERS = ("inductor", "eager")
@@ -194,41 +193,44 @@ class MemplanBackend:
     ) -> Callable[..., Any]:
         """AOTAutograd on `gm` with `partitioner` planning it; its plans join `plans`.
 
-        Under Inductor, the plan's peak as compiled is measured against its unfused
-        graphs (Plan.compiled_peak); where it exceeds the budget, or leaves much of it
-        unused, the graph is planned and compiled again at a budget moved by the
-        difference (_next_aim), and the round fastest within the budget (else the least
-        over it) is kept. Where the check cannot run, the graph is compiled again without
-        layout optimization. Where no round with layout optimization holds the budget of a
-        graph with convolutions (_layout_may_cost), the least-memory plan is compiled with
-        it, and where that does not hold either, its rounds are made again without it,
-        from the budget as first asked: rounds with it are kept where one holds, since
-        its kernels are faster. Where no round holds the budget, the least-memory plan is
-        the last plan tried (for a graph with convolutions, with layout optimization and
-        without it), with the round after it. Wherever the least-memory plan compiles
-        over COMPILED_SLACK above its prediction, the round after it is planned for that
-        peak (_after_least); under a budget below the least, only the lower of the
-        least-memory rounds (with layout optimization, and without it where it may cost)
-        is followed so."""
+        Under Inductor each plan's peak as compiled is checked (Plan.compiled_peak), and the
+        graph is planned and compiled again at a budget moved by what it peaked over or
+        under the budget (_more_rounds); the round fastest within the budget, else the
+        least over it, is kept. A least-memory plan that compiles within a budget under the
+        unfused graphs' least holds it (held_as_compiled). Layout optimization is dropped
+        where the check cannot run with it or where a convolution graph holds the budget
+        only without it (layout_may_cost); the least-memory plan is the last tried where no
+        round holds, and is followed by one round at its peak as compiled (_after_least):
+        under a budget below the least, only the lower least-memory round is. The order
+        and the reasons are in docs/pipeline.md."""
         first = len(partitioner.plans)
-        inner = self.inner
+        inner, held, checked = self.inner, None, False
+        # The planner's warnings wait for the check: a budget under the unfused graphs'
+        # least may be within the least as Inductor compiles them (held_as_compiled).
+        said: list[warnings.WarningMessage] = []
         try:
-            compiled, graphs = self._aot(gm, example_inputs, partitioner, inner)
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                compiled, graphs = self._aot(gm, example_inputs, partitioner, inner)
+                checked = self.checks_compiled and len(partitioner.plans) > first
+                if checked:
+                    aot = (compiled, graphs)
+                    rounds = self._first_round(gm, example_inputs, partitioner, first, aot)
+                    held = held_as_compiled(rounds[0].plan)
         except InfeasibleBudget as infeasible:
             if not self.checks_compiled:
                 raise
             raise self._least_as_compiled(gm, example_inputs, partitioner, infeasible) from None
-        if not self.checks_compiled or len(partitioner.plans) == first:
+        finally:
+            for warning in said:  # all but the planner's "infeasible", where it is not
+                if held is None or str(warning.message) != partitioner.plans[first].note:
+                    say_again(warning)
+        if not checked:
             self.plans.extend(partitioner.plans[first:])
             return compiled
-        again = self.without_layout is not None  # compiled again where the check fails
-        rounds = [self._checked(partitioner, first, compiled, graphs, inner, quiet=again)]
-        layout_checked = bool(rounds[0].plan.compiled_peak)
-        if not layout_checked and self.without_layout is not None:
-            inner = self.without_layout
-            compiled, graphs = self._aot(gm, example_inputs, partitioner, inner)
-            partitioner.keep_only(first, 1, partitioner.plans[first + 1])
-            rounds = [self._checked(partitioner, first, compiled, graphs, inner)]
+        rounds[0] = dataclasses.replace(rounds[0], plan=held or rounds[0].plan)
+        inner = rounds[0].inner
+        layout_checked = inner is self.inner and bool(rounds[0].plan.compiled_peak)
         first_plan = rounds[0].plan
         target = first_plan.budget  # the graph's budget as first planned
         planned_least = first_plan.status == "best-effort"  # its budget: its peak
@@ -330,6 +332,26 @@ class MemplanBackend:
         partitioner.keep_only(first, index, kept)
         self.plans.append(kept)
         return compiled
+
+    def _first_round(
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        partitioner: Partitioner,
+        first: int,
+        compiled: tuple[Callable[..., Any], CompiledGraphs | None],
+    ) -> list[Round]:
+        """The first round (`compiled` by the first AOTAutograd compile), checked; where the
+        check cannot run with layout optimization, the graph compiled again without it and
+        checked, its plan replacing the first."""
+        again = self.without_layout is not None  # compiled again where the check fails
+        round_ = self._checked(partitioner, first, *compiled, self.inner, quiet=again)
+        if round_.plan.compiled_peak or self.without_layout is None:
+            return [round_]
+        inner = self.without_layout
+        compiled, graphs = self._aot(gm, example_inputs, partitioner, inner)
+        partitioner.keep_only(first, 1, partitioner.plans[first + 1])
+        return [self._checked(partitioner, first, compiled, graphs, inner)]
 
     def _more_rounds(
         self,
@@ -502,7 +524,7 @@ class MemplanBackend:
             + (f" (plan {rounds + 1})" if rounds else "")
         )
         with (
-            _status(doing, self.options.progress),
+            spinner(doing, self.options.progress),
             functorch_config.patch(force_non_lazy_backward_lowering=self.checks_compiled),
         ):
             compiled = aot_autograd(
@@ -546,20 +568,6 @@ class MemplanBackend:
             # At the least, the least is what Inductor runs.
             plan = dataclasses.replace(plan, budget=max(plan.budget, peak))
         return Round(compiled, dataclasses.replace(plan, compiled_peak=peak), inner, schedule)
-
-
-@contextlib.contextmanager
-def _status(doing: str, progress: bool) -> Iterator[None]:
-    """A spinner saying what the backend is `doing`, on a terminal where progress is on:
-    planning a graph and compiling it with Inductor, a few times over where the rounds
-    plan it again, can take minutes in the user's first step. One rank of a distributed
-    run shows it (shows_progress)."""
-    console = get_console()
-    if not (progress and console.is_terminal and shows_progress()):
-        yield
-        return
-    with console.status(f"memplan: {doing}"):
-        yield
 
 
 def backend(

@@ -341,7 +341,7 @@ class Partitioner:
         if (way, schedule) in self.compiled:
             raise RepeatedPlan(f"{name}: the plan made is one compiled already")
         for warning in said[way]:
-            _say_again(warning)
+            say_again(warning)
         # The plan records the way it was made, so that applying it again makes it that way.
         plan = dataclasses.replace(
             plan,
@@ -454,7 +454,7 @@ class Partitioner:
         return lowered, plan, schedule
 
 
-def _say_again(warning: warnings.WarningMessage) -> None:
+def say_again(warning: warnings.WarningMessage) -> None:
     """A warning held back while a way was planned, said now. memplan's own are said to
     the caller; any other (a library's DeprecationWarning, say) at the place that said it,
     so that the filters treat it as they would have: said as memplan's, the filters that
