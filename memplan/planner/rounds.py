@@ -6,7 +6,9 @@ peak as compiled moves the aim of the next (`next_aim`); the rounds end where pl
 again cannot do better (`next_aim` is None, `lowered_in_vain`, or the plan is one compiled
 before: Partitioner.compiled); the fastest round within the budget is kept
 (`kept_round`). The least-memory plan, where it compiles above its prediction, is followed
-by one round planned for that peak (`least_peak_aim`). backends.MemplanBackend runs them.
+by one round planned for that peak (`least_peak_aim`); made for a budget under the unfused
+graphs' least, where it compiles within that budget, it holds it (`held_as_compiled`).
+backends.MemplanBackend runs them.
 """
 
 from __future__ import annotations
