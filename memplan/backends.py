@@ -15,21 +15,11 @@ A graph Dynamo traced with dynamic shapes is planned at its traced sizes and run
 planned again for those sizes (`shape_dispatch.ShapeDispatch`), up to MAX_SHAPE_PLANS per
 graph.
 
-Under Inductor, a plan's peak is checked as Inductor compiled it (planner/compiled_peak.py):
-where Inductor's kernels hold more than the planned graphs, the graph is planned again at a
-budget lowered by the excess, and where fusion leaves room over COMPILED_SLACK of the
-budget, at one raised by it (up to INDUCTOR_ROUNDS times; a plan made again is not
-compiled again, and the aim is not lowered again after a lowered round that peaked no
-lower). Where no round holds the budget, the least-memory plan (LEAST_AIM) is compiled as
-well. The least-memory plan, where it compiles over COMPILED_SLACK above its prediction,
-is followed by one round planned for that peak (it recomputes less, and can compile
-lower), and the rounds end there. `Plan.compiled_peak` is the
-prediction of what runs. Where no round of a graph with convolutions holds its budget with
-Inductor's layout optimization (planned best effort: none within its unfused prediction),
-its least-memory plan is compiled with it, and where that does not hold either, the graph
-is planned again without it; a round with it is kept where one holds (its kernels are
-faster), else the one that holds, else the least. A graph whose check cannot run with it
-is compiled without it.
+Under Inductor, a plan's peak is checked as Inductor compiled it (planner/compiled_peak.py),
+and the graph is planned again at a budget moved by what Inductor's kernels hold over or
+under it, with or without Inductor's layout optimization (planner/rounds.py;
+`MemplanBackend.compile` says in what order). `Plan.compiled_peak` is the prediction of
+what runs.
 
 Plans are kept on disk by the graph's structure (planner/plan_cache.py): compiling the
 same model with the same budget again, in this process or the next, applies the plan
@@ -48,7 +38,13 @@ import torch._functorch.config as functorch_config
 from torch._dynamo.backends.common import aot_autograd
 
 from memplan.budget import Budget
-from memplan.errors import InfeasibleBudget, MemplanError, MemplanWarning, first_line
+from memplan.errors import (
+    InfeasibleBudget,
+    InfeasibleBudgetWarning,
+    MemplanError,
+    MemplanWarning,
+    first_line,
+)
 from memplan.planner.capture import boxed_runner
 from memplan.planner.compiled_peak import CompiledGraphs, compiled_peak
 from memplan.planner.inductor_steps import (
@@ -223,7 +219,7 @@ class MemplanBackend:
             raise self._least_as_compiled(gm, example_inputs, partitioner, infeasible) from None
         finally:
             for warning in said:  # all but the planner's "infeasible", where it is not
-                if held is None or str(warning.message) != partitioner.plans[first].note:
+                if held is None or not issubclass(warning.category, InfeasibleBudgetWarning):
                     say_again(warning)
         if not checked:
             self.plans.extend(partitioner.plans[first:])

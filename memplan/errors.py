@@ -105,6 +105,11 @@ class MemplanWarning(UserWarning):
     """A warning memplan gives: a plan that holds only in part (a best-effort budget)."""
 
 
+class InfeasibleBudgetWarning(MemplanWarning):
+    """A budget under the least the planner finds, planned for that least instead (best
+    effort): the warning InfeasibleBudget becomes where best effort is allowed."""
+
+
 def one_line(error: BaseException | str) -> str:
     """The error's message with its whitespace folded onto one line."""
     text = " ".join(str(error).split())

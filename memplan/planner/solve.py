@@ -16,7 +16,7 @@ import math
 import warnings
 from dataclasses import dataclass
 
-from memplan.errors import InfeasibleBudget, MemplanError, MemplanWarning
+from memplan.errors import InfeasibleBudget, InfeasibleBudgetWarning, MemplanError
 from memplan.graph import Graph, SolveResult
 from memplan.simulate import MemoryTrace, simulate
 from memplan.solvers import SolverOptions, get_solver
@@ -131,7 +131,7 @@ def solve_within_budget(
         f"{graph.name}: budget {format_bytes(budget)} is infeasible; planned for "
         f"its smallest feasible peak {format_bytes(peak)} instead"
     )
-    warnings.warn(note, MemplanWarning, stacklevel=2)
+    warnings.warn(note, InfeasibleBudgetWarning, stacklevel=2)
     result = dataclasses.replace(least.result, status="best-effort")
     return Solved(result, least.trace, peak, note, cut_short)
 
