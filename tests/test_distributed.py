@@ -229,21 +229,22 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     for it and read its files. Without xdist that directory's parent holds earlier runs'
     too, so the fixture spawns into a directory of its own."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
-        return spawned(tmp_path_factory.mktemp("distributed"))
-    root = tmp_path_factory.getbasetemp().parent / "distributed"
-    root.mkdir(exist_ok=True)
-    with open(root / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if not (root / "done").exists():
-            spawned(root)
-            (root / "done").touch()
+        root = tmp_path_factory.mktemp("distributed")
+        spawn(root)
+    else:
+        root = tmp_path_factory.getbasetemp().parent / "distributed"
+        root.mkdir(exist_ok=True)
+        with open(root / "lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            if not (root / "done").exists():
+                spawn(root)
+                (root / "done").touch()
     return [torch.load(root / f"rank{r}.pt") for r in range(WORLD)]
 
 
-def spawned(root: Path) -> list[dict[str, Any]]:
-    """The ranks' results, written to `root` by a spawn of WORLD ranks."""
+def spawn(root: Path) -> None:
+    """A spawn of WORLD ranks, each writing its results to `root`."""
     mp.spawn(worker, args=(str(root / "store"), str(root)), nprocs=WORLD, join=True)
-    return [torch.load(root / f"rank{r}.pt") for r in range(WORLD)]
 
 
 def assert_same_training(got: dict[str, Any], expected: dict[str, Any], what: str) -> None:
