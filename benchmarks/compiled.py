@@ -280,7 +280,8 @@ class Compiled:
 
     def _least_budget(self) -> int:
         """The smallest feasible budget of the model's first graph: best_effort is off, so
-        a 1-byte budget raises InfeasibleBudget (through Dynamo) before inductor compiles."""
+        a 1-byte budget raises InfeasibleBudget (through Dynamo), naming the least peak of
+        the graph as Inductor compiled the rounds, before the step runs."""
         torch._dynamo.reset()
         backend = self._backend("1 B", best_effort=False)
         model = copy.deepcopy(self.bench.model)

@@ -197,31 +197,40 @@ class MemplanBackend:
         where the check cannot run with it or where a convolution graph holds the budget
         only without it (layout_may_cost); the least-memory plan is the last tried where no
         round holds, and is followed by one round at its peak as compiled (_after_least):
-        under a budget below the least, only the lower least-memory round is. The order
-        and the reasons are in docs/pipeline.md."""
+        under a budget below the least, only the lower least-memory round is. With
+        best_effort=False, where no round holds the budget, InfeasibleBudget names the
+        least peak as compiled found, and no plan is kept. The order and the reasons are
+        in docs/pipeline.md."""
         first = len(partitioner.plans)
         inner, held, checked = self.inner, None, False
+        options, budget = partitioner.options, partitioner.budget
+        # With best_effort=False, a budget is unmet only once no round holds it as Inductor
+        # compiled it: the first round is planned best effort, and the error (if any) is
+        # raised after the rounds, before anything of the step runs.
+        strict = self.checks_compiled and not options.best_effort
+        planning = dataclasses.replace(options, best_effort=True) if strict else options
         # The planner's warnings wait for the check: a budget under the unfused graphs'
         # least may be within the least as Inductor compiles them (held_as_compiled).
         said: list[warnings.WarningMessage] = []
         try:
             with warnings.catch_warnings(record=True) as said:
                 warnings.simplefilter("always")
+                partitioner.options = planning
                 compiled, graphs = self._aot(gm, example_inputs, partitioner, inner)
                 checked = self.checks_compiled and len(partitioner.plans) > first
                 if checked:
                     aot = (compiled, graphs)
                     rounds = self._first_round(gm, example_inputs, partitioner, first, aot)
                     held = held_as_compiled(rounds[0].plan)
-        except InfeasibleBudget as infeasible:
-            if not self.checks_compiled:
-                raise
-            raise self._least_as_compiled(gm, example_inputs, partitioner, infeasible) from None
         finally:
-            for warning in said:  # all but the planner's "infeasible", where it is not
-                if held is None or not issubclass(warning.category, InfeasibleBudgetWarning):
+            partitioner.options = options
+            unmet = [w for w in said if issubclass(w.category, InfeasibleBudgetWarning)]
+            for warning in said:  # the planner's "infeasible" waits for the rounds
+                if not issubclass(warning.category, InfeasibleBudgetWarning):
                     say_again(warning)
         if not checked:
+            for warning in unmet:
+                say_again(warning)
             self.plans.extend(partitioner.plans[first:])
             return compiled
         rounds[0] = dataclasses.replace(rounds[0], plan=held or rounds[0].plan)
@@ -230,7 +239,6 @@ class MemplanBackend:
         first_plan = rounds[0].plan
         target = first_plan.budget  # the graph's budget as first planned
         planned_least = first_plan.status == "best-effort"  # its budget: its peak
-        options, budget = partitioner.options, partitioner.budget
         # Later rounds aim off the budget: best effort, their warnings not the user's.
         aiming = dataclasses.replace(options, best_effort=True)
         least_tried: list[Callable[..., Any]] = []  # inner compilers the least plan had
@@ -253,7 +261,7 @@ class MemplanBackend:
                     self._add_round(gm, example_inputs, partitioner, rounds, inner, LEAST_AIM)
                     least_tried.append(inner)
                 if planned_least or all(r.plan.peak > target for r in rounds):
-                    partitioner.options, partitioner.budget = options, budget
+                    partitioner.options, partitioner.budget = planning, budget
                     start, inner = len(partitioner.plans), self.without_layout
                     with warnings.catch_warnings():  # the first round's said them
                         warnings.simplefilter("ignore", MemplanWarning)
@@ -271,8 +279,8 @@ class MemplanBackend:
                 lowest = min(rounds, key=lambda r: r.plan.peak)
                 self._after_least(gm, example_inputs, partitioner, rounds, lowest)
             # Where no round held the budget, the least-memory plan is the last tried, with
-            # the round after it: the least an InfeasibleBudget names is the lower of their
-            # peaks as compiled (_least_as_compiled), so a budget at that least is held.
+            # the round after it: the least an InfeasibleBudget names (best_effort=False) is
+            # the lowest peak of the rounds as compiled, so a budget at that least is held.
             if not planned_least and all(r.plan.peak > target for r in rounds):
                 for way in self._least_ways(partitioner, inner, layout_checked):
                     if way not in least_tried:
@@ -281,6 +289,15 @@ class MemplanBackend:
             partitioner.options, partitioner.budget = options, budget
         index = kept_round([r.plan for r in rounds], target)
         compiled, plan, inner = rounds[index].compiled, rounds[index].plan, rounds[index].inner
+        # Under the unfused graphs' least, a least-memory round may yet hold the budget
+        # asked: the round after the least-memory plan (least_peak_aim) can compile lower.
+        held_to = first_plan.asked if planned_least else target
+        least_sought = planned_least and plan.peak > held_to
+        if strict and plan.peak > held_to:  # raised before the step runs; no plan is kept
+            partitioner.forget_from(first)
+            raise InfeasibleBudget(held_to, plan.peak, plan.solver, what="peak as compiled")
+        for warning in unmet if least_sought else ():
+            say_again(warning)
         if plan.peak > target and not planned_least:
             warnings.warn(
                 f"{plan.name}: as Inductor compiled it, the graph peaks at "
@@ -289,7 +306,7 @@ class MemplanBackend:
                 MemplanWarning,
                 stacklevel=3,
             )
-        elif planned_least and plan.peak > first_plan.predicted_peak:
+        elif least_sought and plan.peak > first_plan.predicted_peak:
             # The planner's warning named the least of the unfused graphs.
             warnings.warn(
                 f"{plan.name}: as Inductor compiled it, the graph's least peak found is "
@@ -303,9 +320,11 @@ class MemplanBackend:
         # it came from, held to the least peak found: its own as compiled, or the least
         # the planner found (the first round's budget before its check) where higher.
         holds_as_least = index > 0 and plan.status == "best-effort" and plan.peak <= target
-        if planned_least:
+        if least_sought:
             status = "best-effort"
             budget_held = max(plan.peak, partitioner.plans[first].budget)
+        elif planned_least:
+            status, budget_held, target = "feasible", held_to, held_to
         else:
             status, budget_held = "feasible" if holds_as_least else plan.status, target
         kept = dataclasses.replace(
@@ -314,7 +333,7 @@ class MemplanBackend:
             budget=budget_held,
             requested_budget=first_plan.requested_budget,
             requested_as=first_plan.requested_as,
-            note=plan.note if index == 0 else replanned_note(plan, target, planned_least),
+            note=plan.note if index == 0 else replanned_note(plan, target, least_sought),
             # Each round's aim, its peak as compiled and whether Inductor's layout
             # optimization was on, for reports and benchmarks.
             options={
@@ -417,7 +436,7 @@ class MemplanBackend:
         to `rounds`, compiled as it was, planned for that peak (least_peak_aim):
         recomputing less, it may compile lower. Where a budget is held to no least, every
         least-memory round is followed by it, so the least an InfeasibleBudget names
-        (_least_as_compiled) is one the rounds find again at that budget."""
+        (the lowest round's peak) is one the rounds find again at that budget."""
         aim = least_peak_aim(least.plan)
         if aim is not None:
             made = self._round(gm, example_inputs, partitioner, rounds, least.inner, aim)
@@ -462,45 +481,13 @@ class MemplanBackend:
         check could run with layout optimization, the other way of it. The least an
         InfeasibleBudget names is the least peak as compiled of that plan and the round
         after it (_after_least), with layout optimization or without it where that is
-        lower (_least_as_compiled), while the rounds may have left layout optimization for
+        lower, while the rounds may have left layout optimization for
         a plan it took over the budget: a budget at that least is held only if the least
         plan is compiled both ways."""
         both = self.without_layout is not None and layout_checked
         if not both or not has_convolutions(partitioner):
             return [inner]
         return [self.inner, self.without_layout]
-
-    def _least_as_compiled(
-        self,
-        gm: torch.fx.GraphModule,
-        example_inputs: Sequence[Any],
-        partitioner: Partitioner,
-        infeasible: InfeasibleBudget,
-    ) -> InfeasibleBudget:
-        """`infeasible` (raised for a budget below the least the planner finds), its least
-        peak that of the graph planned for it as Inductor compiles it where that is higher:
-        the least budget the backend can hold the graph to. The graph is planned, compiled
-        and checked for it (best effort), and the plan dropped."""
-        options, budget = partitioner.options, partitioner.budget
-        kept, first = len(self.plans), len(partitioner.plans)
-        partitioner.options = dataclasses.replace(options, best_effort=True)
-        partitioner.budget = Budget(bytes=LEAST_AIM)  # planned for the least
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", MemplanWarning)
-                self.compile(gm, example_inputs, partitioner)
-            least = max(infeasible.smallest_feasible, self.plans[-1].peak)
-        finally:
-            partitioner.options, partitioner.budget = options, budget
-            del self.plans[kept:]
-            partitioner.forget_from(first)
-        return InfeasibleBudget(
-            infeasible.budget,
-            least,
-            infeasible.solver,
-            what=infeasible.what,
-            lower_bound=infeasible.lower_bound,
-        )
 
     def _aot(
         self,
