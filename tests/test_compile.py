@@ -637,6 +637,30 @@ def test_the_least_an_error_names_under_inductor_is_a_budget_the_step_holds(name
     assert plan.status == "feasible" and plan.peak <= least
 
 
+def test_with_best_effort_false_a_budget_no_round_holds_as_compiled_raises(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A budget above the planner's least that no round holds as Inductor compiled it
+    (every round peaks 1 GiB over its prediction here): with best_effort=False the error
+    comes after the rounds, before the step runs, naming the lowest round's peak, and no
+    plan is kept. Before, it was only a warning."""
+
+    def measured(plan: Plan, *_: object) -> int:
+        return plan.predicted_peak + 2**30
+
+    monkeypatch.setattr(memplan_backends, "compiled_peak", measured)
+    example = ZOO["mlp"]()
+    torch._dynamo.reset()
+    strict = memplan.backend(budget="90%", best_effort=False, progress=False)
+    model = copy.deepcopy(example.model)
+    with pytest.raises(Exception) as raised:  # Dynamo wraps what a backend raises
+        train_step(torch.compile(model, backend=strict), example.inputs)()
+    infeasible = cause_of(raised.value, InfeasibleBudget)
+    assert isinstance(infeasible, InfeasibleBudget) and infeasible.what == "peak as compiled"
+    assert 2**30 < infeasible.smallest_feasible < 2**30 + infeasible.budget
+    assert not strict.plans and all(p.grad is None for p in model.parameters())
+
+
 class ThreeBreaks(torch.nn.Module):
     """Four MLP stages with a graph break between each two: Dynamo hands over 4 graphs."""
 
