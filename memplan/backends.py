@@ -45,6 +45,7 @@ from memplan.errors import (
     MemplanWarning,
     first_line,
 )
+from memplan.held_watch import HeldWatch, WaitingCalls
 from memplan.planner.capture import boxed_runner
 from memplan.planner.compiled_peak import CompiledGraphs, compiled_peak
 from memplan.planner.inductor_steps import (
@@ -134,6 +135,8 @@ class MemplanBackend:
         # frame (new guards, new sizes) replaces its graphs' plans, not adds to the step.
         self.step: dict[tuple[int, int], Plan] = {}
         self._graphs_of: dict[object, int] = {}  # graphs so far per Dynamo compile id
+        # Calls of the graphs whose backward has not run, for what they hold (held_watch.py).
+        self.waiting = WaitingCalls()
 
     @property
     def predicted_step_peak(self) -> int:
@@ -154,13 +157,14 @@ class MemplanBackend:
         key = self._graph_key()
         partitioner.resident = self._resident_before(key)
         compiled = self.compile(gm, example_inputs, partitioner)
-        if partitioner.plans:
-            self.step[key] = partitioner.plans[-1]
-        if not symbols or not partitioner.plans:  # static, or no backward: nothing to resize
+        if not partitioner.plans:  # no backward: nothing planned
             return compiled
-        dispatch = ShapeDispatch(self, gm, symbols, partitioner, compiled)
+        self.step[key] = plan = partitioner.plans[-1]
+        if symbols:  # planned at its hints, and again at sizes the plan does not hold
+            compiled = ShapeDispatch(self, gm, symbols, partitioner, compiled)
+        watch = HeldWatch(compiled, plan, self.waiting)
         # Dynamo runs what a backend returns inside the compiled frame: not to be traced.
-        return torch._dynamo.disable(dispatch, reason="memplan dispatches on sizes")
+        return torch._dynamo.disable(watch, reason="memplan checks what the step holds")
 
     def _graph_key(self) -> tuple[int, int]:
         """(Dynamo frame, index of this graph in the frame's compile); (-1, n) outside one."""

@@ -2,7 +2,7 @@
 (inside functions and TYPE_CHECKING blocks too), checked against the layers of
 docs/pipeline.md.
 
-    face (memplan, api, backends, shape_dispatch, spinner, cli) -> tools -> planner
+    face (memplan, api, backends, shape_dispatch, held_watch, spinner, cli) -> tools -> planner
         -> passes, solvers -> core
 
 The core imports nothing of memplan outside it, and graph.py nothing but errors; the core
@@ -30,6 +30,7 @@ FACE = frozenset(
         "memplan.api",
         "memplan.backends",
         "memplan.shape_dispatch",
+        "memplan.held_watch",
         "memplan.spinner",
         "memplan.cli",
         "memplan.cli_args",

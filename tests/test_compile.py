@@ -698,7 +698,10 @@ def check_three_graph_breaks(device: torch.device) -> None:
     backend = memplan.backend(budget=budget, progress=False)
     planned = copy.deepcopy(model)
     compiled = torch.compile(planned, backend=backend)
-    measured = steady_step_peak(compiled, planned, inputs)
+    with warnings.catch_warnings():
+        # No "ran while earlier calls still held": what the graphs before hold is planned.
+        warnings.simplefilter("error", MemplanWarning)
+        measured = steady_step_peak(compiled, planned, inputs)
     assert len(backend.plans) == 4
     # Each graph is planned with what the graphs before it keep for their backwards.
     residents = [plan.resident for plan in backend.plans]
@@ -706,6 +709,37 @@ def check_three_graph_breaks(device: torch.device) -> None:
     assert backend.predicted_step_peak <= budget
     assert measured <= budget, (measured, budget, backend.predicted_step_peak)
     _train_and_compare(compiled, planned, inputs)
+
+
+def test_a_module_called_twice_before_its_backward_is_named_in_a_warning() -> None:
+    """An encoder compiled on its own and called on two inputs before one backward (a
+    siamese network) holds its first call's saved tensors while the second runs: no
+    compile sees that, and the step peaks over the budget its plan holds for one call. The
+    second call warns, with the bytes held, once. Accumulating gradients (each call's
+    backward before the next call) and graph breaks (test above) do not warn."""
+    torch.manual_seed(0)
+    layers = [m for _ in range(4) for m in (torch.nn.Linear(128, 128), torch.nn.GELU())]
+    encoder = torch.nn.Sequential(*layers)
+    first, second = torch.randn(1024, 128), torch.randn(1024, 128)
+    torch._dynamo.reset()
+    backend = memplan.backend(budget="70%", progress=False)
+    compiled = torch.compile(encoder, backend=backend)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MemplanWarning)
+        for x in (first, second, first):
+            compiled(x).square().mean().backward()
+
+    def siamese_step() -> None:
+        (compiled(first) * compiled(second)).mean().backward()
+
+    with pytest.warns(MemplanWarning, match=r"graph0\S* ran while earlier calls still held"):
+        siamese_step()
+    (plan,) = backend.plans
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MemplanWarning)  # said once
+        resident = [*encoder.parameters(), first, second]
+        measured = measure_peak(siamese_step, resident=resident, device=torch.device("cpu"))
+    assert measured.peak_bytes > plan.asked  # what the warning is for
 
 
 def test_a_share_is_of_the_steps_unplanned_peak() -> None:
