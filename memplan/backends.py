@@ -8,22 +8,18 @@ Inductor compiles the planned graphs, as it does torch.compile's by default
 graph break) is planned so that the step stays within the budget: the bytes the graphs
 before it keep for their backwards stay resident while it runs, and a share is of the
 step's unplanned peak. A graph that cannot meet it is planned for its smallest feasible
-peak, with a warning.
+peak, with a warning. A graph called again while earlier calls hold more than its plan
+allowed for is planned again for what they held (held_watch.py).
 
 A graph Dynamo traced with dynamic shapes is planned at its traced sizes and runs at any
-(planner/shapes.py). A call at sizes where that plan's prediction exceeds the budget is
-planned again for those sizes (`shape_dispatch.ShapeDispatch`), up to MAX_SHAPE_PLANS per
-graph.
+(planner/shapes.py); at sizes where that plan exceeds the budget it is planned again
+(`shape_dispatch.ShapeDispatch`), up to MAX_SHAPE_PLANS per graph.
 
 Under Inductor, a plan's peak is checked as Inductor compiled it (planner/compiled_peak.py),
 and the graph is planned again at a budget moved by what Inductor's kernels hold over or
 under it, with or without Inductor's layout optimization (planner/rounds.py;
 `MemplanBackend.compile` says in what order). `Plan.compiled_peak` is the prediction of
-what runs.
-
-Plans are kept on disk by the graph's structure (planner/plan_cache.py): compiling the
-same model with the same budget again, in this process or the next, applies the plan
-made before without solving or profiling.
+what runs. Plans are kept on disk by the graph's structure (planner/plan_cache.py).
 """
 
 from __future__ import annotations
@@ -45,7 +41,7 @@ from memplan.errors import (
     MemplanWarning,
     first_line,
 )
-from memplan.held_watch import HeldWatch, WaitingCalls
+from memplan.held_watch import GraphAgain, HeldWatch, WaitingCalls
 from memplan.planner.capture import boxed_runner
 from memplan.planner.compiled_peak import CompiledGraphs, compiled_peak
 from memplan.planner.inductor_steps import (
@@ -162,7 +158,8 @@ class MemplanBackend:
         self.step[key] = plan = partitioner.plans[-1]
         if symbols:  # planned at its hints, and again at sizes the plan does not hold
             compiled = ShapeDispatch(self, gm, symbols, partitioner, compiled)
-        watch = HeldWatch(compiled, plan, self.waiting)
+        again = None if symbols else GraphAgain(self, gm, key, partitioner.resident)
+        watch = HeldWatch(compiled, plan, self.waiting, again)
         # Dynamo runs what a backend returns inside the compiled frame: not to be traced.
         return torch._dynamo.disable(watch, reason="memplan checks what the step holds")
 

@@ -3,30 +3,37 @@
 The backend plans a graph for what the graphs compiled before it in the step hold while
 it runs (`Plan.resident`: graph breaks, in the order Dynamo compiled them). A module
 compiled on its own and called twice before one backward (a siamese encoder, two
-micro-batches summed into one loss) holds its first call's saved tensors while the second
-runs, and no compile sees that: the step can peak well over its budget.
+micro-batches summed into one loss, each block of a model compiled alone) holds its
+first call's saved tensors while the second runs, and no compile sees that: the step can
+peak well over its budget.
 
 `HeldWatch` runs a compiled graph and, on its first CHECKED_CALLS calls, sums what the
-calls still waiting for their backward (of any graph of the backend) keep for it, beyond
-what this call takes as inputs. Where that exceeds what the plan allowed for (its
-resident bytes and the room it left under its budget), it warns once per graph, with the
-bytes. What the calls keep is read from their autograd nodes' saved tensors: what
-AOTAutograd keeps is what the plan keeps.
+calls still waiting for their backward (of any graph of the backend) keep, beyond what
+this call takes as inputs: their autograd nodes' saved tensors (what AOTAutograd keeps is
+what the plan keeps) and their outputs still alive. Where that exceeds what the plan
+allowed for (its resident bytes and the room it left under its budget), it warns, with
+the bytes, and at the graph's first call of the next step the graph is planned again for
+them (`GraphAgain`, `HeldWatch._plan_again`), once. What runs outside the compiled graphs
+is not seen.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch._subclasses.fake_tensor import is_fake
 from torch.autograd.function import BackwardCFunction
 
+from memplan.budget import Budget
 from memplan.errors import MemplanWarning
+from memplan.planner.options import PlanOptions
+from memplan.planner.plan import Partitioner, Resident
 from memplan.planner.plan_file import Plan
 from memplan.units import format_bytes
 
@@ -36,29 +43,54 @@ CHECKED_CALLS = 8
 # How many view nodes may lie between an output and the Function that computed it.
 VIEW_DEPTH = 4
 
+# How many more plans bisect what a graph whose earlier calls are its own may take as
+# held, after the first plan for what they kept (each is a compile), and how close (a
+# share) the bounds may come before the bisection stops.
+FIXED_POINT_ROUNDS = 3
+SAME_HELD = 0.05
+
 
 @dataclass
 class _Waiting:
-    """A call whose backward has not run: its autograd node, while the node lives."""
+    """A call whose backward has not run: its autograd node and outputs, while they
+    live, the plan it ran and the watch that ran it."""
 
     node: weakref.ref[Any]
+    outputs: list[weakref.ref[torch.Tensor]]
+    plan: Plan
+    watch: HeldWatch
     done: bool = False
 
-    def kept(self, storages: set[int]) -> Iterable[tuple[int, int]]:
-        """(storage address, bytes) of what the call keeps for its backward, but for the
-        storages in `storages`; nothing once its backward ran or its node was freed."""
+    @property
+    def waits(self) -> bool:
+        return not self.done and self.node() is not None
+
+    def kept(self, storages: set[int]) -> dict[int, int]:
+        """{storage address: bytes} of what the call keeps for its backward and of its
+        outputs still alive (the caller's to hold, as a siamese step holds its first
+        embedding), but for the storages in `storages`; nothing once its backward ran or
+        its node was freed."""
         node = self.node()
-        if self.done or node is None:
-            return
+        if not self.waits or node is None:
+            return {}
         try:
-            saved = node.saved_tensors
+            saved = list(node.saved_tensors)
         except RuntimeError:  # freed by a backward run without the hook seeing it
-            return
-        for tensor in saved:
-            if isinstance(tensor, torch.Tensor):
-                storage = tensor.untyped_storage()
-                if storage.data_ptr() not in storages:
-                    yield storage.data_ptr(), storage.nbytes()
+            return {}
+        alive = [t for t in (ref() for ref in self.outputs) if t is not None]
+        tensors = (t.untyped_storage() for t in saved + alive if isinstance(t, torch.Tensor))
+        return {s.data_ptr(): s.nbytes() for s in tensors if s.data_ptr() not in storages}
+
+
+@dataclass(frozen=True)
+class Held:
+    """What the calls waiting for their backward keep while a graph runs (`resident`: the
+    bytes, and as unplanned), and how many of them, keeping how many bytes, are calls of
+    that graph itself."""
+
+    resident: Resident
+    own_calls: int = 0
+    own_bytes: int = 0
 
 
 @dataclass
@@ -67,20 +99,36 @@ class WaitingCalls:
 
     calls: list[_Waiting] = field(default_factory=list)
 
-    def held_beyond(self, inputs: Iterable[Any]) -> int:
-        """The bytes the waiting calls keep for their backward, beyond `inputs`' storages
-        (the parameters a repeated graph shares, the outputs the next graph takes)."""
-        self.calls = [c for c in self.calls if not c.done and c.node() is not None]
+    def held_beyond(self, inputs: Iterable[Any], watch: HeldWatch) -> Held:
+        """What the waiting calls keep for their backward while `watch`'s graph runs on
+        `inputs`, beyond their storages (the parameters a repeated graph shares, the
+        outputs the next graph takes); as unplanned, each call's plan's unplanned bytes
+        held less what of its plan's held bytes it does not keep beyond `inputs`."""
+        self.calls = [c for c in self.calls if c.waits]
         taken = {x.untyped_storage().data_ptr() for x in inputs if isinstance(x, torch.Tensor)}
-        held = dict(kept for call in self.calls for kept in call.kept(taken))
-        return sum(held.values())
+        held: dict[int, int] = {}
+        unplanned = own_calls = own_bytes = 0
+        for call in self.calls:
+            kept = call.kept(taken)
+            unplanned += max(0, call.plan.unplanned_held - call.plan.held + sum(kept.values()))
+            if call.watch is watch:
+                own_calls, own_bytes = own_calls + 1, own_bytes + sum(kept.values())
+            held.update(kept)
+        resident = Resident(held=sum(held.values()), unplanned_held=unplanned)
+        return Held(resident, own_calls, own_bytes)
 
-    def add(self, outputs: Any) -> None:
+    def waiting_of(self, watch: HeldWatch) -> bool:
+        """Whether a call `watch` ran waits for its backward."""
+        return any(c.watch is watch and c.waits for c in self.calls)
+
+    def add(self, outputs: Any, plan: Plan, watch: HeldWatch) -> None:
         """The call that returned `outputs`, waiting for its backward where it has one."""
         node = _node_of(outputs)
         if node is None:
             return
-        waiting = _Waiting(weakref.ref(node))
+        tensors = outputs if isinstance(outputs, list | tuple) else (outputs,)
+        alive = [weakref.ref(t) for t in tensors if isinstance(t, torch.Tensor)]
+        waiting = _Waiting(weakref.ref(node), alive, plan, watch)
 
         def ran(*_: object) -> None:
             waiting.done = True
@@ -111,16 +159,68 @@ def _any_fake(inputs: Iterable[Any]) -> bool:
     return any(isinstance(x, torch.Tensor) and is_fake(x) for x in inputs)
 
 
+class Backend(Protocol):
+    """What planning a graph again needs of the backend (backends.MemplanBackend)."""
+
+    budget: Budget
+    options: PlanOptions
+    plans: list[Plan]
+    step: dict[tuple[int, int], Plan]
+
+    def compile(
+        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], partitioner: Partitioner
+    ) -> Callable[..., Any]: ...
+
+
+@dataclass
+class GraphAgain:
+    """Graph `key` of `backend` (`gm`, first planned with `resident` held by the graphs
+    before it), planned and compiled again for more held."""
+
+    backend: Backend
+    gm: torch.fx.GraphModule
+    key: tuple[int, int]
+    resident: Resident
+
+    def plan(self, args: list[Any], held: Resident) -> tuple[Callable[..., Any], Plan]:
+        """The graph compiled on a call's own tensors, planned with `held` resident (and at
+        least what the graphs before it hold); its plan, not yet the backend's."""
+        name = f"{self.backend.step[self.key].name} (with {format_bytes(held.held)} held)"
+        # Best effort: the step is running, and the bound on what is held may be loose.
+        options = dataclasses.replace(self.backend.options, best_effort=True)
+        partitioner = Partitioner(self.backend.budget, options, name=name, keep_plans=True)
+        partitioner.resident = self.resident.with_at_least(held)
+        with warnings.catch_warnings():  # of a budget cut by a bound: HeldWatch checks
+            warnings.simplefilter("ignore", MemplanWarning)
+            compiled = self.backend.compile(self.gm, args, partitioner)
+        return compiled, self.backend.plans.pop()
+
+    def keep(self, plan: Plan) -> None:
+        """`plan` as the graph's plan, in the step and the backend's plans."""
+        self.backend.plans.append(plan)
+        self.backend.step[self.key] = plan
+
+
 class HeldWatch:
     """Runs `compiled` (a planned graph) and checks its first calls against what calls
-    still waiting for their backward hold (the module's docstring)."""
+    still waiting for their backward hold (the module's docstring). Where they held more
+    than its plan allowed for, the graph is planned again (`again`) at its first call
+    after none of its own calls waits (the next step), for the most they held."""
 
-    def __init__(self, compiled: Callable[..., Any], plan: Plan, waiting: WaitingCalls) -> None:
+    def __init__(
+        self,
+        compiled: Callable[..., Any],
+        plan: Plan,
+        waiting: WaitingCalls,
+        again: GraphAgain | None = None,
+    ) -> None:
         self.compiled = compiled
         self.plan = plan  # of a graph of dynamic shapes, the plan made at its hints
         self.waiting = waiting
+        self.again = again
+        self.replanned = self.warned = False
         self.calls = 0
-        self.warned = False
+        self.worst: Held | None = None  # the most held beyond what the plan allowed for
 
     def __call__(self, *args: Any) -> Any:
         # AOTAutograd's boxed convention hands one list of arguments (and empties it).
@@ -130,27 +230,78 @@ class HeldWatch:
         checking = self.calls < CHECKED_CALLS and not _any_fake(flat)
         if checking:
             self.calls += 1
-        if checking and not self.warned and self.waiting.calls:
-            self._check(self.waiting.held_beyond(flat))
+            if self.worst is not None and not self.waiting.waiting_of(self):
+                self._plan_again(list(flat), self.worst)
+            elif self.waiting.calls:
+                self._check(self.waiting.held_beyond(flat, self))
         outputs = self.compiled(*args)
         if checking:
-            self.waiting.add(outputs)
+            self.waiting.add(outputs, self.plan, self)
         return outputs
 
-    def _check(self, held: int) -> None:
-        plan = self.plan
-        room = max(0, plan.asked - plan.peak)  # what the plan left under its budget
-        over = held - plan.resident - room
-        if over <= 0:
+    def _check(self, held: Held) -> None:
+        plan, bytes_held = self.plan, held.resident.held
+        # What the plan left under its budget. A best-effort plan was warned of, but one
+        # made again for what earlier calls held, its budget cut by a bound on what they
+        # hold: then the step's budget is what counts.
+        room = plan.asked - plan.peak
+        over = bytes_held - plan.resident - (room if self.replanned else max(0, room))
+        if over <= 0 or (self.worst is not None and bytes_held <= self.worst.resident.held):
             return
-        self.warned = True
-        warnings.warn(
-            f"{plan.name} ran while earlier calls still held {format_bytes(held)} for their "
-            f"backward, where its plan allowed for {format_bytes(plan.resident)}: the step "
-            f"peaks about {format_bytes(over)} or more over its budget. A module compiled on its "
-            "own and called more than once before backward does this (a siamese encoder, or "
-            "each block of a model compiled alone); compile the module that makes the calls, "
-            "so that one graph holds them all",
-            MemplanWarning,
-            stacklevel=2,
-        )
+        if not self.warned:
+            self.warned = True
+            why = (
+                "A module compiled on its own and called more than once before backward "
+                "does this (a siamese encoder, or each block of a model compiled alone)"
+            )
+            warnings.warn(
+                f"{plan.name} ran while earlier calls still held {format_bytes(bytes_held)} "
+                f"for their backward: with its own peak of {format_bytes(plan.peak)}, this "
+                f"step peaks about {format_bytes(over)} or more over its budget of "
+                f"{format_bytes(plan.asked + plan.resident)}. "
+                + (f"{why}; it is planned again for them at its next call" if self.again else why),
+                MemplanWarning,
+                stacklevel=3,
+            )
+        if self.again is not None:
+            self.worst = held
+
+    def _plan_again(self, args: list[Any], held: Held) -> None:
+        """The graph planned again for what earlier calls held at most, once. Its own
+        earlier calls keep what its new plan keeps: planned with more held resident, it
+        recomputes more, and they keep less. So what they would hold under a plan is
+        predicted (what they held, moved per own call by how far the plan's held bytes
+        differ from the old plan's), and the bytes taken as resident are bisected
+        (FIXED_POINT_ROUNDS plans after the first, each a compile) for the plan with the
+        most room whose peak, with what would be held under it, is predicted within the
+        step's budget; where none is found, the least-memory plan (best effort)."""
+        self.worst, again = None, self.again
+        assert again is not None  # what is worst is kept only to plan again
+        # Its next calls are checked again, and said of where the step is still over.
+        self.again, self.replanned, self.warned, self.calls = None, True, False, 1
+        old = self.plan
+
+        def tried(resident: int) -> tuple[Callable[..., Any], Plan, bool]:
+            compiled, plan = again.plan(args, dataclasses.replace(held.resident, held=resident))
+            under = held.resident.held + held.own_calls * (plan.held - old.held)
+            return compiled, plan, under + plan.peak <= plan.asked + plan.resident
+
+        high = held.resident.held  # what the old plan's calls held
+        compiled, plan, holds = tried(high)
+        step_budget = plan.asked + plan.resident
+        if holds:  # what they would hold under it: less, but too little to plan for
+            low = held.resident.held + held.own_calls * (plan.held - old.held)
+        elif held.own_calls:  # its calls keep more under it than under the old plan
+            low, high = high, step_budget  # all of it resident: the least-memory plan
+            compiled, plan, holds = tried(high)
+        for _ in range(FIXED_POINT_ROUNDS if holds and held.own_calls else 0):
+            if high - low <= SAME_HELD * step_budget:
+                break
+            middle = (low + high) // 2
+            made, made_plan, made_holds = tried(middle)
+            if made_holds:
+                compiled, plan, high = made, made_plan, middle
+            else:
+                low = middle
+        again.keep(plan)
+        self.compiled, self.plan = compiled, plan

@@ -62,6 +62,14 @@ class Resident:
         earlier graphs hold unplanned, and the step's peak before it."""
         return max(self.unplanned_step_peak, unplanned_peak + self.unplanned_held)
 
+    def with_at_least(self, other: Resident) -> Resident:
+        """What is resident, each count at least `other`'s."""
+        return Resident(*(max(a, b) for a, b in zip(self.counts, other.counts, strict=True)))
+
+    @property
+    def counts(self) -> tuple[int, int, int]:
+        return self.held, self.unplanned_held, self.unplanned_step_peak
+
     def budget_of(self, budget: Budget, unplanned_peak: int) -> int:
         """A graph's budget in bytes, given its own unplanned peak: the step's budget less
         what the earlier graphs hold (at least 1 byte)."""

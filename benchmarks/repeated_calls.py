@@ -1,0 +1,206 @@
+"""`python -m benchmarks.repeated_calls`: a graph called again before its backward.
+
+Two ways users call one compiled graph more than once before one backward, each under one
+memplan backend (memplan/held_watch.py):
+
+- siamese: an encoder (6 layers of width 256 and a projection to 16, batch 2048) compiled
+  on its own and called on two inputs, the loss the mean of the embeddings' product, at
+  absolute budgets of 80, 70, 60 and 50% of eager's step peak;
+- regional: six blocks of two layers (width 256, batch 2048), each compiled alone
+  (`block.compile(backend=...)`), at 70% of the step's unplanned peak.
+
+Step 1 compiles the graphs and is checked (a warning is expected), step 2 plans them again
+for what earlier calls held, and the allocator reads step 3. Writes
+benchmarks/results/repeated-calls-<device>.json and its section of docs/results.md.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.progress import track
+from torch import nn
+
+import memplan
+from benchmarks.models import machine
+from benchmarks.pages import saved_section, write_section
+from memplan.planner.measure import measure_peak
+from memplan.units import format_bytes
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+PAGE = ROOT / "docs" / "results.md"
+MARKERS = ("<!-- repeated calls: start -->", "<!-- repeated calls: end -->")
+SIAMESE_SHARES = (0.8, 0.7, 0.6, 0.5)
+REGIONAL_BUDGET = "70%"
+WIDTH, BATCH = 256, 2048
+CPU = torch.device("cpu")
+
+
+def siamese_model() -> nn.Module:
+    layers = [m for _ in range(6) for m in (nn.Linear(WIDTH, WIDTH), nn.GELU())]
+    return nn.Sequential(*layers, nn.Linear(WIDTH, 16))
+
+
+class Block(nn.Module):
+    """Two layers. A module of its own: Dynamo skips a bare nn.Sequential compiled alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(WIDTH, WIDTH), nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.gelu(self.second(nn.functional.gelu(self.first(x))))
+
+
+class Blocks(nn.Module):
+    """Six blocks, the loss inside, so that only the blocks are compiled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x.square().mean()
+
+
+def _peak(step: Callable[[], None], model: nn.Module, inputs: list[torch.Tensor]) -> int:
+    return measure_peak(step, resident=[*model.parameters(), *inputs], device=CPU).peak_bytes
+
+
+def _three_steps(
+    step: Callable[[], None], model: nn.Module, inputs: list[torch.Tensor]
+) -> tuple[bool, int]:
+    """Whether step 1 warned of what earlier calls held, and step 3's allocator peak."""
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        step()
+        step()
+        peak = _peak(step, model, inputs)
+    warned = any("ran while earlier calls" in str(w.message) for w in said)
+    return warned, peak
+
+
+def _plans(backend: memplan.backends.MemplanBackend) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": p.name,
+            "status": p.status,
+            "recomputed": p.counts()["recompute"],
+            "resident": p.resident,
+            "peak": p.peak,
+        }
+        for p in backend.plans
+    ]
+
+
+def siamese(share: float) -> dict[str, Any]:
+    """The encoder called twice per step at `share` of eager's step peak."""
+    torch.manual_seed(0)
+    encoder = siamese_model()
+    inputs = [torch.randn(BATCH, WIDTH), torch.randn(BATCH, WIDTH)]
+
+    def step_of(model: nn.Module) -> Callable[[], None]:
+        def step() -> None:
+            model.zero_grad(set_to_none=True)
+            (model(inputs[0]) * model(inputs[1])).mean().backward()
+
+        return step
+
+    step_of(encoder)()
+    eager = _peak(step_of(encoder), encoder, inputs)
+    budget = int(share * eager)
+    torch._dynamo.reset()
+    model = copy.deepcopy(encoder)
+    backend = memplan.backend(budget=budget, progress=False)
+    warned, peak = _three_steps(step_of(torch.compile(model, backend=backend)), model, inputs)
+    return {"case": f"siamese {share:.0%}", "eager": eager, "budget": budget,
+            "warned": warned, "peak": peak, "plans": _plans(backend)}  # fmt: skip
+
+
+def regional() -> dict[str, Any]:
+    """Each of six blocks compiled alone, at REGIONAL_BUDGET of the step's unplanned peak."""
+    torch.manual_seed(0)
+    eager_model, inputs = Blocks(), [torch.randn(BATCH, WIDTH)]
+
+    def step_of(model: nn.Module) -> Callable[[], None]:
+        def step() -> None:
+            model.zero_grad(set_to_none=True)
+            model(*inputs).backward()
+
+        return step
+
+    step_of(eager_model)()
+    eager = _peak(step_of(eager_model), eager_model, inputs)
+    torch._dynamo.reset()
+    model = copy.deepcopy(eager_model)
+    backend = memplan.backend(budget=REGIONAL_BUDGET, progress=False)
+    for block in model.blocks:
+        block.compile(backend=backend)
+    warned, peak = _three_steps(step_of(model), model, inputs)
+    kept = backend.plans[-1]
+    return {"case": f"regional {REGIONAL_BUDGET}", "eager": eager,
+            "budget": kept.asked + kept.resident, "warned": warned, "peak": peak,
+            "plans": _plans(backend)}  # fmt: skip
+
+
+def section_text(saved: dict[str, Any]) -> str:
+    """The section of docs/results.md."""
+    where = saved["machine"]
+    lines = [
+        "## A graph called again before its backward",
+        "",
+        f"Written by `python -m benchmarks.repeated_calls` ({where['date']}, "
+        f"{where['device_name']}, {where['cpu_threads']} threads, torch {where['torch']}): "
+        "one compiled graph called more than once before one backward, under memplan's "
+        "backend with Inductor ([pipeline](pipeline.md)). Step 1 warns, step 2 plans the "
+        "graph again for what the earlier calls held, and the allocator reads step 3. "
+        "Budget: the step's (for regional compilation, the last graph's plan's with what it "
+        "was planned to have resident). Plans: each plan's recomputed tensors, with the "
+        "bytes it was planned to have resident.",
+        "",
+        "| case | eager | budget | step 1 warned | step 3 peak | within | plans |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in saved["rows"]:
+        plans = "; ".join(
+            f"{p['name']}: {p['recomputed']} recomputed, {format_bytes(p['resident'])} resident"
+            for p in r["plans"]
+        )
+        lines.append(
+            f"| {r['case']} | {format_bytes(r['eager'])} | {format_bytes(r['budget'])} | "
+            f"{'yes' if r['warned'] else 'no'} | {format_bytes(r['peak'])} | "
+            f"{'yes' if r['peak'] <= r['budget'] else 'no'} | {plans} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def repeated_calls_section(where: dict[str, Any]) -> list[str]:
+    """The section for docs/results.md with its markers, where this benchmark has run on
+    `where`'s device; benchmarks.models' results_markdown adds it to the page."""
+    return saved_section(RESULTS / f"repeated-calls-{where['device']}.json", section_text, *MARKERS)
+
+
+def main() -> None:
+    where = machine("cpu")
+    rows = [siamese(share) for share in track(SIAMESE_SHARES, description="siamese")]
+    rows.append(regional())
+    saved = {"machine": where, "rows": rows}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"repeated-calls-{where['device']}.json"
+    out.write_text(json.dumps(saved, indent=1))
+    write_section(PAGE, section_text(saved), *MARKERS)
+    Console().print(f"wrote {out} and {PAGE}")
+
+
+if __name__ == "__main__":
+    main()
