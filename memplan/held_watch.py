@@ -7,14 +7,14 @@ micro-batches summed into one loss, each block of a model compiled alone) holds 
 first call's saved tensors while the second runs, and no compile sees that: the step can
 peak well over its budget.
 
-`HeldWatch` runs a compiled graph and, on its first CHECKED_CALLS calls, sums what the
-calls still waiting for their backward (of any graph of the backend) keep, beyond what
-this call takes as inputs: their autograd nodes' saved tensors (what AOTAutograd keeps is
-what the plan keeps) and their outputs still alive. Where that exceeds what the plan
-allowed for (its resident bytes and the room it left under its budget), it warns, with
-the bytes, and at the graph's first call of the next step the graph is planned again for
-them (`GraphAgain`, `HeldWatch._plan_again`), once. What runs outside the compiled graphs
-is not seen.
+`HeldWatch` runs a compiled graph and, until CHECKED_STEPS of its steps were checked,
+sums at each call what the calls still waiting for their backward (of any graph of the
+backend) keep, beyond what this call takes as inputs: their autograd nodes' saved tensors
+(what AOTAutograd keeps is what the plan keeps) and their outputs still alive. Where that
+exceeds what the plan allowed for (its resident bytes and the room it left under its
+budget), it warns, with the bytes, and at the graph's first call of the next step the
+graph is planned again for them (`GraphAgain`, `HeldWatch._plan_again`), once. What runs
+outside the compiled graphs is not seen.
 """
 
 from __future__ import annotations
@@ -37,9 +37,12 @@ from memplan.planner.plan import Partitioner, Resident
 from memplan.planner.plan_file import Plan
 from memplan.units import format_bytes
 
-# Per graph: how many calls are checked. A loop that calls a module twice before its
-# backward does so from its first step; checking every call would cost every step.
-CHECKED_CALLS = 8
+# Per graph: after how many of its steps whose calls found earlier calls waiting, and
+# held no more than its plan allowed for, its calls are no longer checked (counted again
+# after it is planned again). Checking every call would cost every step; a step with no
+# earlier call waiting costs little. A graph's step begins at a call while none of its
+# earlier calls waits for its backward.
+CHECKED_STEPS = 2
 # How many view nodes may lie between an output and the Function that computed it.
 VIEW_DEPTH = 4
 
@@ -104,7 +107,6 @@ class WaitingCalls:
         `inputs`, beyond their storages (the parameters a repeated graph shares, the
         outputs the next graph takes); as unplanned, each call's plan's unplanned bytes
         held less what of its plan's held bytes it does not keep beyond `inputs`."""
-        self.calls = [c for c in self.calls if c.waits]
         taken = {x.untyped_storage().data_ptr() for x in inputs if isinstance(x, torch.Tensor)}
         held: dict[int, int] = {}
         unplanned = own_calls = own_bytes = 0
@@ -116,6 +118,11 @@ class WaitingCalls:
             held.update(kept)
         resident = Resident(held=sum(held.values()), unplanned_held=unplanned)
         return Held(resident, own_calls, own_bytes)
+
+    def any(self) -> bool:
+        """Whether any call waits; those that do not are dropped."""
+        self.calls = [c for c in self.calls if c.waits]
+        return bool(self.calls)
 
     def waiting_of(self, watch: HeldWatch) -> bool:
         """Whether a call `watch` ran waits for its backward."""
@@ -219,7 +226,8 @@ class HeldWatch:
         self.waiting = waiting
         self.again = again
         self.replanned = self.warned = False
-        self.calls = 0
+        self.checked_steps = 0
+        self.checked = False  # whether a call of this step found earlier calls waiting
         self.worst: Held | None = None  # the most held beyond what the plan allowed for
 
     def __call__(self, *args: Any) -> Any:
@@ -227,13 +235,16 @@ class HeldWatch:
         flat = args[0] if len(args) == 1 and isinstance(args[0], list) else args
         # DDP's optimizer runs the compiled graphs on fake tensors while it compiles: no
         # call of the step, and no storage to read.
-        checking = self.calls < CHECKED_CALLS and not _any_fake(flat)
-        if checking:
-            self.calls += 1
-            if self.worst is not None and not self.waiting.waiting_of(self):
+        checking = self.checked_steps < CHECKED_STEPS and not _any_fake(flat)
+        if checking and not self.waiting.waiting_of(self):  # a step of this graph begins
+            if self.checked and self.worst is None:
+                self.checked_steps += 1
+            self.checked = False
+            if self.worst is not None:
                 self._plan_again(list(flat), self.worst)
-            elif self.waiting.calls:
-                self._check(self.waiting.held_beyond(flat, self))
+        if checking and self.waiting.any():
+            self.checked = True
+            self._check(self.waiting.held_beyond(flat, self))
         outputs = self.compiled(*args)
         if checking:
             self.waiting.add(outputs, self.plan, self)
@@ -278,7 +289,7 @@ class HeldWatch:
         self.worst, again = None, self.again
         assert again is not None  # what is worst is kept only to plan again
         # Its next calls are checked again, and said of where the step is still over.
-        self.again, self.replanned, self.warned, self.calls = None, True, False, 1
+        self.again, self.replanned, self.warned, self.checked_steps = None, True, False, 0
         old = self.plan
 
         def tried(resident: int) -> tuple[Callable[..., Any], Plan, bool]:

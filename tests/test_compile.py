@@ -757,6 +757,46 @@ def test_a_module_called_twice_before_its_backward_is_planned_again_for_the_firs
         torch.testing.assert_close(grad, want, rtol=1e-4, atol=1e-5)
 
 
+class _Block(torch.nn.Module):
+    """Two layers; a module of its own (Dynamo skips a bare Sequential compiled alone)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(width, width), torch.nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(self.second(torch.nn.functional.gelu(self.first(x))))
+
+
+def test_each_block_compiled_alone_is_planned_again_for_every_block_before_it() -> None:
+    """Regional compilation: each of twelve blocks compiled alone under one backend, one
+    graph serving the later blocks. The watch sees every block's call, and the graph is
+    planned again with what the eleven blocks before the last hold: under the first
+    plans (one of four activations recomputed) each keeps three activations of its
+    input's size, and a watch that saw nine blocks or fewer would find less."""
+    torch.manual_seed(0)
+    width, batch, count = 64, 512, 12
+    blocks = torch.nn.ModuleList(_Block(width) for _ in range(count))
+    x = torch.randn(batch, width)
+    torch._dynamo.reset()
+    backend = memplan.backend(budget="70%", progress=False)
+    for block in blocks:
+        block.compile(backend=backend)
+
+    def step() -> None:
+        y = x
+        for block in blocks:
+            y = block(y)
+        y.square().mean().backward()
+
+    with pytest.warns(MemplanWarning, match="ran while earlier calls still held"):
+        step()
+    step()  # planned again
+    again = backend.plans[-1]
+    assert "held" in again.name
+    assert again.resident >= 3 * (count - 1) * x.nbytes
+
+
 def test_a_share_is_of_the_steps_unplanned_peak() -> None:
     """Four graphs under 60%: each one's budget is 60% of the step's unplanned peak (its
     own and what the graphs before it keep for their backwards), less what those keep as
