@@ -158,7 +158,7 @@ class MemplanBackend:
         self.step[key] = plan = partitioner.plans[-1]
         if symbols:  # planned at its hints, and again at sizes the plan does not hold
             compiled = ShapeDispatch(self, gm, symbols, partitioner, compiled)
-        again = None if symbols else GraphAgain(self, gm, key, partitioner.resident)
+        again = None if symbols else GraphAgain(self, gm, key, name, partitioner.resident)
         watch = HeldWatch(compiled, plan, self.waiting, again)
         # Dynamo runs what a backend returns inside the compiled frame: not to be traced.
         return torch._dynamo.disable(watch, reason="memplan checks what the step holds")

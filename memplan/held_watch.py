@@ -181,18 +181,19 @@ class Backend(Protocol):
 
 @dataclass
 class GraphAgain:
-    """Graph `key` of `backend` (`gm`, first planned with `resident` held by the graphs
-    before it), planned and compiled again for more held."""
+    """Graph `key` of `backend` (`gm`, named `name`, first planned with `resident` held
+    by the graphs before it), planned and compiled again for more held."""
 
     backend: Backend
     gm: torch.fx.GraphModule
     key: tuple[int, int]
+    name: str
     resident: Resident
 
     def plan(self, args: list[Any], held: Resident) -> tuple[Callable[..., Any], Plan]:
         """The graph compiled on a call's own tensors, planned with `held` resident (and at
         least what the graphs before it hold); its plan, not yet the backend's."""
-        name = f"{self.backend.step[self.key].name} (with {format_bytes(held.held)} held)"
+        name = f"{self.name} (with {format_bytes(held.held)} held)"
         # Best effort: the step is running, and the bound on what is held may be loose.
         options = dataclasses.replace(self.backend.options, best_effort=True)
         partitioner = Partitioner(self.backend.budget, options, name=name, keep_plans=True)
