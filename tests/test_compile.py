@@ -618,16 +618,8 @@ def test_the_least_an_error_names_under_inductor_is_a_budget_the_step_holds(name
     8.78 MiB against 10.66 MiB, and the CNN's 4.33 MiB against 4.71 MiB, and before, the
     error named the unfused least (2-core CPU, 2026-11-30)."""
     example = ZOO[name]()
+    least = strict_refusal(example, "1 B").smallest_feasible
     torch._dynamo.reset()
-    strict = memplan.backend(budget="1 B", best_effort=False, progress=False)
-    model = copy.deepcopy(example.model)
-    with pytest.raises(Exception) as raised:  # Dynamo wraps what a backend raises
-        train_step(torch.compile(model, backend=strict), example.inputs)()
-    infeasible = cause_of(raised.value, InfeasibleBudget)
-    assert isinstance(infeasible, InfeasibleBudget)
-    assert not strict.plans and all(p.grad is None for p in model.parameters())
-    torch._dynamo.reset()
-    least = infeasible.smallest_feasible
     held = memplan.backend(budget=f"{least} B", best_effort=False, progress=False)
     model = copy.deepcopy(example.model)
     with warnings.catch_warnings():
@@ -649,16 +641,23 @@ def test_with_best_effort_false_a_budget_no_round_holds_as_compiled_raises(
         return plan.predicted_peak + 2**30
 
     monkeypatch.setattr(memplan_backends, "compiled_peak", measured)
-    example = ZOO["mlp"]()
+    infeasible = strict_refusal(ZOO["mlp"](), "90%")
+    assert infeasible.what == "peak as compiled"
+    assert 2**30 < infeasible.smallest_feasible < 2**30 + infeasible.budget
+
+
+def strict_refusal(example: Example, budget: str) -> InfeasibleBudget:
+    """The InfeasibleBudget a backend with best_effort=False raises for `example` at
+    `budget`, checked to come before anything of the step ran, with no plan kept."""
     torch._dynamo.reset()
-    strict = memplan.backend(budget="90%", best_effort=False, progress=False)
+    strict = memplan.backend(budget=budget, best_effort=False, progress=False)
     model = copy.deepcopy(example.model)
     with pytest.raises(Exception) as raised:  # Dynamo wraps what a backend raises
         train_step(torch.compile(model, backend=strict), example.inputs)()
     infeasible = cause_of(raised.value, InfeasibleBudget)
-    assert isinstance(infeasible, InfeasibleBudget) and infeasible.what == "peak as compiled"
-    assert 2**30 < infeasible.smallest_feasible < 2**30 + infeasible.budget
+    assert isinstance(infeasible, InfeasibleBudget)
     assert not strict.plans and all(p.grad is None for p in model.parameters())
+    return infeasible
 
 
 class ThreeBreaks(torch.nn.Module):
