@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -30,11 +30,10 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 from torch.autograd.function import BackwardCFunction
 
-from memplan.budget import Budget
 from memplan.errors import MemplanWarning
-from memplan.planner.options import PlanOptions
 from memplan.planner.plan import Partitioner, Resident
 from memplan.planner.plan_file import Plan
+from memplan.shape_dispatch import Planner
 from memplan.units import format_bytes
 
 # Per graph: after how many of its steps whose calls found earlier calls waiting, and
@@ -74,7 +73,7 @@ class _Waiting:
         embedding), but for the storages in `storages`; nothing once its backward ran or
         its node was freed."""
         node = self.node()
-        if not self.waits or node is None:
+        if self.done or node is None:
             return {}
         try:
             saved = list(node.saved_tensors)
@@ -112,9 +111,10 @@ class WaitingCalls:
         unplanned = own_calls = own_bytes = 0
         for call in self.calls:
             kept = call.kept(taken)
-            unplanned += max(0, call.plan.unplanned_held - call.plan.held + sum(kept.values()))
+            kept_bytes = sum(kept.values())
+            unplanned += max(0, call.plan.unplanned_held - call.plan.held + kept_bytes)
             if call.watch is watch:
-                own_calls, own_bytes = own_calls + 1, own_bytes + sum(kept.values())
+                own_calls, own_bytes = own_calls + 1, own_bytes + kept_bytes
             held.update(kept)
         resident = Resident(held=sum(held.values()), unplanned_held=unplanned)
         return Held(resident, own_calls, own_bytes)
@@ -130,11 +130,15 @@ class WaitingCalls:
 
     def add(self, outputs: Any, plan: Plan, watch: HeldWatch) -> None:
         """The call that returned `outputs`, waiting for its backward where it has one."""
-        node = _node_of(outputs)
+        tensors = [
+            t
+            for t in (outputs if isinstance(outputs, list | tuple) else (outputs,))
+            if isinstance(t, torch.Tensor)
+        ]
+        node = _node_of(tensors)
         if node is None:
             return
-        tensors = outputs if isinstance(outputs, list | tuple) else (outputs,)
-        alive = [weakref.ref(t) for t in tensors if isinstance(t, torch.Tensor)]
+        alive = [weakref.ref(t) for t in tensors]
         waiting = _Waiting(weakref.ref(node), alive, plan, watch)
 
         def ran(*_: object) -> None:
@@ -144,12 +148,12 @@ class WaitingCalls:
         self.calls.append(waiting)
 
 
-def _node_of(outputs: Any) -> Any:
-    """The autograd node of a compiled graph's outputs (one for all of them: AOTAutograd's
-    autograd.Function), or None. An output that is a view of another has a view's node,
-    whose next node is the Function's."""
-    for output in outputs if isinstance(outputs, list | tuple) else (outputs,):
-        if not isinstance(output, torch.Tensor) or output.grad_fn is None:
+def _node_of(outputs: list[torch.Tensor]) -> Any:
+    """The autograd node of a compiled graph's output tensors (one for all of them:
+    AOTAutograd's autograd.Function), or None. An output that is a view of another has a
+    view's node, whose next node is the Function's."""
+    for output in outputs:
+        if output.grad_fn is None:
             continue
         node = output.grad_fn
         for _ in range(VIEW_DEPTH):
@@ -162,21 +166,18 @@ def _node_of(outputs: Any) -> Any:
     return None
 
 
-def _any_fake(inputs: Iterable[Any]) -> bool:
-    return any(isinstance(x, torch.Tensor) and is_fake(x) for x in inputs)
+def _fake(inputs: Iterable[Any]) -> bool:
+    """Whether the call is on fake tensors: its first tensor is (they all are, or none)."""
+    first = next((x for x in inputs if isinstance(x, torch.Tensor)), None)
+    return first is not None and is_fake(first)
 
 
-class Backend(Protocol):
-    """What planning a graph again needs of the backend (backends.MemplanBackend)."""
+class Backend(Planner, Protocol):
+    """What planning a graph again needs of the backend (backends.MemplanBackend): what
+    planning one for new sizes does, and its plans and the step's."""
 
-    budget: Budget
-    options: PlanOptions
     plans: list[Plan]
     step: dict[tuple[int, int], Plan]
-
-    def compile(
-        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], partitioner: Partitioner
-    ) -> Callable[..., Any]: ...
 
 
 @dataclass
@@ -236,7 +237,7 @@ class HeldWatch:
         flat = args[0] if len(args) == 1 and isinstance(args[0], list) else args
         # DDP's optimizer runs the compiled graphs on fake tensors while it compiles: no
         # call of the step, and no storage to read.
-        checking = self.checked_steps < CHECKED_STEPS and not _any_fake(flat)
+        checking = self.checked_steps < CHECKED_STEPS and not _fake(flat)
         if checking and not self.waiting.waiting_of(self):  # a step of this graph begins
             if self.checked and self.worst is None:
                 self.checked_steps += 1
