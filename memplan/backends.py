@@ -1,8 +1,8 @@
 """torch.compile backend: AOTAutograd with memplan's partition function.
 
-`torch.compile(model, backend="memplan")` finds `memplan_backend` by name through the
-torch_dynamo_backends entry point (options={"budget": "60%", "solver": ...} reach it);
-`torch.compile(model, backend=memplan.backend(budget="60%"))` builds one explicitly.
+`torch.compile(model, backend=memplan.backend(budget="60%"))` builds one explicitly;
+`torch.compile(model, backend="memplan", options={...})` builds one per torch.compile
+call (named_backend.py).
 Inductor compiles the planned graphs, as it does torch.compile's by default
 (`inner="eager"` runs them unfused, for debugging). Each graph Dynamo hands over (one per
 graph break) is planned so that the step stays within the budget: the bytes the graphs
@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch._functorch.config as functorch_config
@@ -72,6 +72,14 @@ from memplan.spinner import spinner
 from memplan.units import format_bytes
 
 INNER_COMPILERS = ("inductor", "eager")
+
+
+class StepKey(NamedTuple):
+    """A graph's entry in the step (MemplanBackend.step)."""
+
+    frame: int  # Dynamo's frame id, -1 outside one
+    index: int  # the graph's place among its frame compile's graphs
+    parameters: frozenset[int]  # ids of the parameters it takes as inputs
 
 
 class MemplanBackend:
@@ -126,10 +134,12 @@ class MemplanBackend:
         self.plans: list[Plan] = []
         self.graphs = 0
         # The step's graphs in the order they first compiled, the latest plan of each, by
-        # (Dynamo frame, graph of that frame's compile): a graph break starts a new frame,
-        # DDP's optimizer splits one compile into several graphs, and a recompile of a
-        # frame (new guards, new sizes) replaces its graphs' plans, not adds to the step.
-        self.step: dict[tuple[int, int], Plan] = {}
+        # (Dynamo frame, graph of that frame's compile, the parameters it takes): a graph
+        # break starts a new frame, DDP's optimizer splits one compile into several graphs,
+        # and a recompile of a frame for new guards or sizes replaces its graphs' plans,
+        # not adds to the step, unless it is of other parameters: each block of a model
+        # compiled alone is a recompile of one frame (regional compilation).
+        self.step: dict[StepKey, Plan] = {}
         self._graphs_of: dict[object, int] = {}  # graphs so far per Dynamo compile id
         # Calls of the graphs whose backward has not run, for what they hold (held_watch.py).
         self.waiting = WaitingCalls()
@@ -141,8 +151,14 @@ class MemplanBackend:
         return max((plan.step_peak for plan in self.step.values()), default=0)
 
     def __call__(
-        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
+        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: str | None = None
     ) -> Callable[..., Any]:
+        if mode is not None:  # torch.compile hands a backend its mode where not "default"
+            raise MemplanError(
+                f"torch.compile's mode={mode!r} stands for Inductor settings: give them to "
+                f"memplan, as memplan.backend(inductor_config=torch._inductor."
+                f"list_mode_options({mode!r})) or options={{'inductor_config': ...}} by name"
+            )
         name = f"graph{self.graphs}"
         self.graphs += 1
         symbols = size_symbols(example_inputs)
@@ -150,7 +166,7 @@ class MemplanBackend:
             self.budget, self.options, name=name, keep_plans=True, reuse=self.reuse
         )
         partitioner.sizes = signature_of(symbols, example_inputs)
-        key = self._graph_key()
+        key = self._graph_key(example_inputs)
         partitioner.resident = self._resident_before(key)
         compiled = self.compile(gm, example_inputs, partitioner)
         if not partitioner.plans:  # no backward: nothing planned
@@ -163,16 +179,23 @@ class MemplanBackend:
         # Dynamo runs what a backend returns inside the compiled frame: not to be traced.
         return torch._dynamo.disable(watch, reason="memplan checks what the step holds")
 
-    def _graph_key(self) -> tuple[int, int]:
-        """(Dynamo frame, index of this graph in the frame's compile); (-1, n) outside one."""
+    def _graph_key(self, example_inputs: Sequence[Any]) -> StepKey:
+        """Graph `example_inputs` are of: (Dynamo frame, index of the graph in the frame's
+        compile, ids of the parameters it takes); (-1, n, ...) outside a frame."""
         compile_id = torch._guards.CompileContext.current_compile_id()
         index = self._graphs_of.get(compile_id, 0)
         self._graphs_of[compile_id] = index + 1
-        if compile_id is None or compile_id.frame_id is None:
-            return (-1, index)
-        return (compile_id.frame_id, index)
+        frame = -1 if compile_id is None or compile_id.frame_id is None else compile_id.frame_id
+        parameters = frozenset(id(x) for x in example_inputs if isinstance(x, torch.nn.Parameter))
+        return StepKey(frame, index, parameters)
 
-    def _resident_before(self, key: tuple[int, int]) -> Resident:
+    def reset(self) -> None:
+        """Forget the step: torch._dynamo.reset() calls it (through torch.compile's
+        wrapper), and Dynamo then numbers its frames and compiles from 0 again."""
+        self.step.clear()
+        self._graphs_of.clear()
+
+    def _resident_before(self, key: StepKey) -> Resident:
         """What the graphs of the step compiled before graph `key` first was hold."""
         earlier = []
         for seen, plan in self.step.items():
@@ -568,14 +591,3 @@ def backend(
     the budget is then what the compiled graphs are checked against. A plan of
     memplan.optimize or the CLI is of another trace (PlanFileError)."""
     return MemplanBackend(budget, solver, inner, inductor_config, reuse, **options)
-
-
-def memplan_backend(
-    gm: torch.fx.GraphModule,
-    example_inputs: Sequence[Any],
-    options: dict[str, Any] | None = None,
-) -> Callable[..., Any]:
-    """The backend registered by name: `torch.compile(model, backend="memplan")`. Dynamo
-    calls it once per graph, so each graph is planned alone: for one budget across graph
-    breaks, pass one `backend(...)` object instead."""
-    return MemplanBackend(**(options or {}))(gm, example_inputs)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -177,7 +177,7 @@ class Backend(Planner, Protocol):
     planning one for new sizes does, and its plans and the step's."""
 
     plans: list[Plan]
-    step: dict[tuple[int, int], Plan]
+    step: dict[Any, Plan]  # by each graph's place in the step (backends.StepKey)
 
 
 @dataclass
@@ -187,7 +187,7 @@ class GraphAgain:
 
     backend: Backend
     gm: torch.fx.GraphModule
-    key: tuple[int, int]
+    key: Hashable
     name: str
     resident: Resident
 

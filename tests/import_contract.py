@@ -2,8 +2,8 @@
 (inside functions and TYPE_CHECKING blocks too), checked against the layers of
 docs/pipeline.md.
 
-    face (memplan, api, backends, shape_dispatch, held_watch, spinner, cli) -> tools -> planner
-        -> passes, solvers -> core
+    face (memplan, api, backends, named_backend, shape_dispatch, held_watch, spinner, cli)
+        -> tools -> planner -> passes, solvers -> core
 
 The core imports nothing of memplan outside it, and graph.py nothing but errors; the core
 and the solvers import no torch; passes never import the planner; and no module imports
@@ -31,6 +31,7 @@ FACE = frozenset(
         "memplan.backends",
         "memplan.shape_dispatch",
         "memplan.held_watch",
+        "memplan.named_backend",
         "memplan.spinner",
         "memplan.cli",
         "memplan.cli_args",

@@ -30,12 +30,14 @@ from memplan.budget import Budget
 from memplan.errors import (
     AllocatorUnreadable,
     InfeasibleBudget,
+    MemplanError,
     MemplanWarning,
     PlanFileError,
     UnknownSolver,
     cause_of,
 )
 from memplan.graph import Graph, Schedule
+from memplan.named_backend import memplan_backend
 from memplan.passes.offload import OFFLOAD, PREFETCH, RELEASE, WAIT
 from memplan.planner.measure import measure_peak
 from memplan.planner.options import PlanOptions
@@ -379,6 +381,38 @@ def test_two_models_in_one_process() -> None:
         _train_and_compare(compiled, model, example.inputs)
 
 
+@pytest.mark.parametrize("by_name", [False, True], ids=["backend", "by-name"])
+def test_a_mode_of_torch_compile_is_refused_with_the_inductor_settings_to_give(
+    by_name: bool,
+) -> None:
+    """torch.compile hands a backend its mode (where not "default"); memplan takes
+    Inductor's settings as inductor_config, and says how, before anything is planned."""
+    torch._dynamo.reset()
+    model = torch.nn.Linear(8, 8)
+    backend = "memplan" if by_name else memplan.backend(progress=False)
+    compiled = torch.compile(model, backend=backend, mode="max-autotune-no-cudagraphs")
+    with pytest.raises(Exception) as raised:  # Dynamo wraps what a backend raises
+        compiled(torch.randn(4, 8))
+    refused = cause_of(raised.value, MemplanError)
+    assert refused is not None and "list_mode_options('max-autotune-no-cudagraphs')" in str(refused)
+
+
+def test_a_backend_used_again_after_dynamo_reset_starts_a_new_step() -> None:
+    """torch._dynamo.reset() numbers Dynamo's frames and compiles from 0 again: a backend
+    compiling a model after it plans the model's graph alone, not after the graph it
+    compiled before the reset (which it would take to be still in the step)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64))
+    x = torch.randn(512, 64)
+    backend = memplan.backend(budget="100%", inner="eager", progress=False)
+    for _ in range(2):
+        torch._dynamo.reset()
+        planned = copy.deepcopy(model)
+        torch.compile(planned, backend=backend)(x).square().mean().backward()
+    before, after = backend.plans
+    assert before.held > 0 and after.resident == 0 and len(backend.step) == 1
+
+
 def test_an_evaluation_under_no_grad_between_steps_keeps_the_plan() -> None:
     """A training loop's validation: the compiled model called in eval mode under
     torch.no_grad between training steps. Dynamo compiles an inference graph, which has no
@@ -682,31 +716,41 @@ class ThreeBreaks(torch.nn.Module):
         return self.stages[3](x).square().mean()
 
 
-def test_three_graph_breaks_hold_one_budget_for_the_step() -> None:
-    check_three_graph_breaks(torch.device("cpu"))
+@pytest.mark.parametrize("by_name", [False, True], ids=["backend", "by-name"])
+def test_three_graph_breaks_hold_one_budget_for_the_step(by_name: bool) -> None:
+    check_three_graph_breaks(torch.device("cpu"), by_name)
 
 
-def check_three_graph_breaks(device: torch.device) -> None:
+def check_three_graph_breaks(device: torch.device, by_name: bool = False) -> None:
     """Four graphs under one absolute budget, 90% of eager's peak, on `device`: the
-    allocator's peak of the step stays within it and the gradients are eager's."""
+    allocator's peak of the step stays within it and the gradients are eager's. By name
+    (`backend="memplan"`), the graphs of one torch.compile call share one backend."""
     torch.manual_seed(0)
     model, inputs = ThreeBreaks().to(device), (torch.randn(2048, 64, device=device),)
     eager = steady_step_peak(model, model, inputs)
     budget = int(0.9 * eager)
     torch._dynamo.reset()
-    backend = memplan.backend(budget=budget, progress=False)
     planned = copy.deepcopy(model)
-    compiled = torch.compile(planned, backend=backend)
+    if by_name:
+        options = {"budget": budget, "progress": False}
+        compiled = torch.compile(planned, backend="memplan", options=options)
+    else:
+        backend = memplan.backend(budget=budget, progress=False)
+        compiled = torch.compile(planned, backend=backend)
     with warnings.catch_warnings():
         # No "ran while earlier calls still held": what the graphs before hold is planned.
         warnings.simplefilter("error", MemplanWarning)
         measured = steady_step_peak(compiled, planned, inputs)
+    # By name, each graph planned alone (before a torch.compile call had one backend)
+    # peaked 0.74 MB over on CPU, unseen.
+    assert measured <= budget, (measured, budget)
+    if by_name:  # the backend of the latest torch.compile call
+        backend = list(memplan_backend.of_call.values())[-1]
     assert len(backend.plans) == 4
     # Each graph is planned with what the graphs before it keep for their backwards.
     residents = [plan.resident for plan in backend.plans]
     assert residents[0] == 0 and residents == sorted(residents) and residents[-1] > 0
     assert backend.predicted_step_peak <= budget
-    assert measured <= budget, (measured, budget, backend.predicted_step_peak)
     _train_and_compare(compiled, planned, inputs)
 
 
@@ -769,10 +813,12 @@ class _Block(torch.nn.Module):
 
 def test_each_block_compiled_alone_is_planned_again_for_every_block_before_it() -> None:
     """Regional compilation: each of twelve blocks compiled alone under one backend, one
-    graph serving the later blocks. The watch sees every block's call, and the graph is
-    planned again with what the eleven blocks before the last hold: under the first
-    plans (one of four activations recomputed) each keeps three activations of its
-    input's size, and a watch that saw nine blocks or fewer would find less."""
+    graph serving the later blocks. Dynamo compiles it as a recompile of the first
+    block's frame, for other parameters: it joins the step, planned with what the first
+    block holds. The watch sees every block's call, and the graph is planned again with
+    what the eleven blocks before the last hold: under the first plans (one of four
+    activations recomputed) each keeps three activations of its input's size, and a
+    watch that saw nine blocks or fewer would find less."""
     torch.manual_seed(0)
     width, batch, count = 64, 512, 12
     blocks = torch.nn.ModuleList(_Block(width) for _ in range(count))
@@ -788,8 +834,11 @@ def test_each_block_compiled_alone_is_planned_again_for_every_block_before_it() 
             y = block(y)
         y.square().mean().backward()
 
-    with pytest.warns(MemplanWarning, match="ran while earlier calls still held"):
+    with pytest.warns(MemplanWarning) as said:  # 70% of two blocks' step is under the least
         step()
+    assert any("ran while earlier calls still held" in str(w.message) for w in said)
+    first, later = backend.plans
+    assert first.resident == 0 and later.resident == first.held > 0
     step()  # planned again
     again = backend.plans[-1]
     assert "held" in again.name
