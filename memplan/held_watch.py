@@ -12,9 +12,11 @@ sums at each call what the calls still waiting for their backward (of any graph 
 backend) keep, beyond what this call takes as inputs: their autograd nodes' saved tensors
 (what AOTAutograd keeps is what the plan keeps) and their outputs still alive. Where that
 exceeds what the plan allowed for (its resident bytes and the room it left under its
-budget), it warns, with the bytes, and at the graph's first call of the next step the
-graph is planned again for them (`GraphAgain`, `HeldWatch._plan_again`), once. What runs
-outside the compiled graphs is not seen.
+budget), it warns, with the bytes; the step's later calls of the graph run its
+least-memory plan (`HeldWatch._least_for_now`: the step's count of calls is known only
+when it ends), and at the graph's first call of the next step the graph is planned again
+for them (`GraphAgain`, `HeldWatch._plan_again`), once. What runs outside the compiled
+graphs is not seen.
 """
 
 from __future__ import annotations
@@ -87,12 +89,17 @@ class _Waiting:
 @dataclass(frozen=True)
 class Held:
     """What the calls waiting for their backward keep while a graph runs (`resident`: the
-    bytes, and as unplanned), and how many of them, keeping how many bytes, are calls of
-    that graph itself."""
+    bytes, and as unplanned), how many of them are calls of that graph itself, and the
+    bytes the plans those ran keep (`Plan.held`, summed over them)."""
 
     resident: Resident
     own_calls: int = 0
-    own_bytes: int = 0
+    own_planned: int = 0
+
+    def under(self, plan: Plan) -> int:
+        """What the waiting calls would hold had the graph's own calls run `plan`: each
+        keeps what its plan keeps, moved by how far `plan`'s held bytes differ."""
+        return self.resident.held + self.own_calls * plan.held - self.own_planned
 
 
 @dataclass
@@ -108,16 +115,15 @@ class WaitingCalls:
         held less what of its plan's held bytes it does not keep beyond `inputs`."""
         taken = {x.untyped_storage().data_ptr() for x in inputs if isinstance(x, torch.Tensor)}
         held: dict[int, int] = {}
-        unplanned = own_calls = own_bytes = 0
+        unplanned = own_calls = own_planned = 0
         for call in self.calls:
             kept = call.kept(taken)
-            kept_bytes = sum(kept.values())
-            unplanned += max(0, call.plan.unplanned_held - call.plan.held + kept_bytes)
+            unplanned += max(0, call.plan.unplanned_held - call.plan.held + sum(kept.values()))
             if call.watch is watch:
-                own_calls, own_bytes = own_calls + 1, own_bytes + kept_bytes
+                own_calls, own_planned = own_calls + 1, own_planned + call.plan.held
             held.update(kept)
         resident = Resident(held=sum(held.values()), unplanned_held=unplanned)
-        return Held(resident, own_calls, own_bytes)
+        return Held(resident, own_calls, own_planned)
 
     def any(self) -> bool:
         """Whether any call waits; those that do not are dropped."""
@@ -191,10 +197,13 @@ class GraphAgain:
     name: str
     resident: Resident
 
-    def plan(self, args: list[Any], held: Resident) -> tuple[Callable[..., Any], Plan]:
+    def plan(
+        self, args: list[Any], held: Resident, why: str = ""
+    ) -> tuple[Callable[..., Any], Plan]:
         """The graph compiled on a call's own tensors, planned with `held` resident (and at
-        least what the graphs before it hold); its plan, not yet the backend's."""
-        name = f"{self.name} (with {format_bytes(held.held)} held)"
+        least what the graphs before it hold); its plan, not yet the backend's, named with
+        `why` (by default, the bytes held)."""
+        name = f"{self.name} ({why or f'with {format_bytes(held.held)} held'})"
         # Best effort: the step is running, and the bound on what is held may be loose.
         options = dataclasses.replace(self.backend.options, best_effort=True)
         partitioner = Partitioner(self.backend.budget, options, name=name, keep_plans=True)
@@ -204,17 +213,20 @@ class GraphAgain:
             compiled = self.backend.compile(self.gm, args, partitioner)
         return compiled, self.backend.plans.pop()
 
-    def keep(self, plan: Plan) -> None:
-        """`plan` as the graph's plan, in the step and the backend's plans."""
+    def keep(self, plan: Plan, in_step: bool = True) -> None:
+        """`plan` among the backend's plans and, where `in_step`, as the graph's plan in
+        the step."""
         self.backend.plans.append(plan)
-        self.backend.step[self.key] = plan
+        if in_step:
+            self.backend.step[self.key] = plan
 
 
 class HeldWatch:
     """Runs `compiled` (a planned graph) and checks its first calls against what calls
     still waiting for their backward hold (the module's docstring). Where they held more
-    than its plan allowed for, the graph is planned again (`again`) at its first call
-    after none of its own calls waits (the next step), for the most they held."""
+    than its plan allowed for, the rest of the step runs the graph's least-memory plan,
+    and the graph is planned again (`again`) at its first call after none of its own
+    calls waits (the next step), for the most they held."""
 
     def __init__(
         self,
@@ -225,6 +237,7 @@ class HeldWatch:
     ) -> None:
         self.compiled = compiled
         self.plan = plan  # of a graph of dynamic shapes, the plan made at its hints
+        self.running = plan  # the plan `compiled` carries out: the least-memory one for now
         self.waiting = waiting
         self.again = again
         self.replanned = self.warned = False
@@ -246,21 +259,40 @@ class HeldWatch:
                 self._plan_again(list(flat), self.worst)
         if checking and self.waiting.any():
             self.checked = True
-            self._check(self.waiting.held_beyond(flat, self))
+            held = self.waiting.held_beyond(flat, self)
+            if self._check(held) and self.running is self.plan and self.again is not None:
+                self._least_for_now(list(flat), held)
         outputs = self.compiled(*args)
         if checking:
-            self.waiting.add(outputs, self.plan, self)
+            self.waiting.add(outputs, self.running, self)
         return outputs
 
-    def _check(self, held: Held) -> None:
+    def _least_for_now(self, args: list[Any], held: Held) -> None:
+        """The graph's least-memory plan (planned with all of the step's budget taken as
+        held) to run the rest of the step, once: found over at this call, the step's later
+        calls of it (the rest of a deep model's blocks) would each keep what the plan
+        allowed for one, and on a device the step would run out of memory before the
+        next one is planned for them. What it ran is the `worst` planned again for."""
+        assert self.again is not None
+        step_budget = self.plan.asked + self.plan.resident
+        least = dataclasses.replace(held.resident, held=step_budget)
+        self.compiled, self.running = self.again.plan(args, least, "least, for the step")
+        # Not the graph's plan in the step: it was planned with all of the budget taken
+        # as resident, and runs only until the graph is planned again.
+        self.again.keep(self.running, in_step=False)
+
+    def _check(self, held: Held) -> bool:
+        """Whether `held` is over what the plan allowed for; the first time, warned."""
         plan, bytes_held = self.plan, held.resident.held
         # What the plan left under its budget. A best-effort plan was warned of, but one
         # made again for what earlier calls held, its budget cut by a bound on what they
         # hold: then the step's budget is what counts.
         room = plan.asked - plan.peak
         over = bytes_held - plan.resident - (room if self.replanned else max(0, room))
-        if over <= 0 or (self.worst is not None and bytes_held <= self.worst.resident.held):
-            return
+        if over <= 0:
+            return False
+        if self.worst is not None and bytes_held <= self.worst.resident.held:
+            return True
         if not self.warned:
             self.warned = True
             why = (
@@ -272,38 +304,43 @@ class HeldWatch:
                 f"for their backward: with its own peak of {format_bytes(plan.peak)}, this "
                 f"step peaks about {format_bytes(over)} or more over its budget of "
                 f"{format_bytes(plan.asked + plan.resident)}. "
-                + (f"{why}; it is planned again for them at its next call" if self.again else why),
+                + (
+                    f"{why}; the step's later calls run its least-memory plan, and it is "
+                    "planned again for them at its next step"
+                    if self.again
+                    else why
+                ),
                 MemplanWarning,
                 stacklevel=3,
             )
         if self.again is not None:
             self.worst = held
+        return True
 
     def _plan_again(self, args: list[Any], held: Held) -> None:
         """The graph planned again for what earlier calls held at most, once. Its own
         earlier calls keep what its new plan keeps: planned with more held resident, it
         recomputes more, and they keep less. So what they would hold under a plan is
         predicted (what they held, moved per own call by how far the plan's held bytes
-        differ from the old plan's), and the bytes taken as resident are bisected
-        (FIXED_POINT_ROUNDS plans after the first, each a compile) for the plan with the
-        most room whose peak, with what would be held under it, is predicted within the
-        step's budget; where none is found, the least-memory plan (best effort)."""
+        differ from those of the plan it ran: Held.under), and the bytes taken as resident
+        are bisected (FIXED_POINT_ROUNDS plans after the first, each a compile) for the
+        plan with the most room whose peak, with what would be held under it, is predicted
+        within the step's budget; where none is found, the least-memory plan (best
+        effort)."""
         self.worst, again = None, self.again
         assert again is not None  # what is worst is kept only to plan again
         # Its next calls are checked again, and said of where the step is still over.
         self.again, self.replanned, self.warned, self.checked_steps = None, True, False, 0
-        old = self.plan
 
         def tried(resident: int) -> tuple[Callable[..., Any], Plan, bool]:
             compiled, plan = again.plan(args, dataclasses.replace(held.resident, held=resident))
-            under = held.resident.held + held.own_calls * (plan.held - old.held)
-            return compiled, plan, under + plan.peak <= plan.asked + plan.resident
+            return compiled, plan, held.under(plan) + plan.peak <= plan.asked + plan.resident
 
-        high = held.resident.held  # what the old plan's calls held
+        high = held.resident.held  # what the calls held
         compiled, plan, holds = tried(high)
         step_budget = plan.asked + plan.resident
         if holds:  # what they would hold under it: less, but too little to plan for
-            low = held.resident.held + held.own_calls * (plan.held - old.held)
+            low = held.under(plan)
         elif held.own_calls:  # its calls keep more under it than under the old plan
             low, high = high, step_budget  # all of it resident: the least-memory plan
             compiled, plan, holds = tried(high)
@@ -317,4 +354,4 @@ class HeldWatch:
             else:
                 low = middle
         again.keep(plan)
-        self.compiled, self.plan = compiled, plan
+        self.compiled, self.plan, self.running = compiled, plan, plan

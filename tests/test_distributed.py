@@ -194,7 +194,11 @@ def fsdp_runs(inputs: tuple[torch.Tensor, ...]) -> dict[str, Any]:
         fully_shard(block)
         block.compile(backend=planner)
     fully_shard(model)
-    out["fsdp_block_compile"] = {**train(model, model, inputs), "plans": plans_of(planner.plans)}
+    out["fsdp_block_compile"] = {
+        **train(model, model, inputs),
+        "plans": plans_of(planner.plans),
+        "names": [p.name for p in planner.plans],
+    }
     return out
 
 
@@ -320,9 +324,12 @@ def test_fsdp_plans_see_the_unsharded_parameters(ranks) -> None:
 
 
 def test_fsdp_block_compile_plans_the_blocks(ranks) -> None:
+    """Each block's graph is planned when Dynamo compiles it (the watch of what earlier
+    calls hold may plan one again: named for why, "graph1 (least, for the step)")."""
     (plan,) = ranks[0]["fsdp_api"]["plans"]
     block_plans = ranks[0]["fsdp_block_compile"]["plans"]
-    assert 1 <= len(block_plans) <= BLOCKS
+    compiled = [name for name in ranks[0]["fsdp_block_compile"]["names"] if "(" not in name]
+    assert 1 <= len(compiled) <= BLOCKS
     for block_plan in block_plans:
         assert block_plan["unplanned_peak"] < plan["unplanned_peak"]
 
