@@ -43,7 +43,9 @@ class Node:
     takes its bytes out of the producer's allocation instead of allocating anew.
     `workspace` is what the node's kernel holds while it runs beyond its inputs and output
     (its own buffers, layout copies), freed when it returns: every run of the node needs
-    that room, a recomputation too.
+    that room, a recomputation too. A `checkpointed` node is one the model's own
+    activation checkpointing (torch.utils.checkpoint) recomputes in the backward: the step
+    as written does, whatever a plan decides.
     """
 
     id: int
@@ -59,6 +61,7 @@ class Node:
     recomputable: bool = True
     offloadable: bool = True
     workspace: int = 0
+    checkpointed: bool = False
 
     @property
     def is_resident_input(self) -> bool:

@@ -53,10 +53,14 @@ class Lowered:
 
     @property
     def fingerprint(self) -> str:
-        """Identifies the graph a plan was made for: names, ops, edges and bytes."""
+        """Identifies the graph a plan was made for: names, ops, edges, bytes and the
+        model's own checkpointing (its step as written, the plan's reference)."""
         digest = hashlib.sha256()
         for node in self.graph:
-            digest.update(f"{node.name}|{node.op}|{node.inputs}|{node.bytes};".encode())
+            checkpointed = "|checkpointed" if node.checkpointed else ""
+            digest.update(
+                f"{node.name}|{node.op}|{node.inputs}|{node.bytes}{checkpointed};".encode()
+            )
         return digest.hexdigest()[:16]
 
 

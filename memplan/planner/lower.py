@@ -15,6 +15,7 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils.checkpoint import CheckpointPolicy
 
 from memplan.errors import UnsupportedModel
 from memplan.graph import Graph, Node, NodeKind
@@ -23,6 +24,10 @@ from memplan.passes.rewrite import Lowered
 from memplan.planner.granularity import allocated_bytes
 from memplan.planner.options import DEFAULT_OFFLOAD_THRESHOLD
 from memplan.planner.shapes import hint
+
+# The tags torch.utils.checkpoint leaves on the joint graph's nodes inside a checkpointed
+# region (under a selective policy, the ops it saves are tagged to be saved instead).
+CHECKPOINT_RECOMPUTES = (CheckpointPolicy.MUST_RECOMPUTE, CheckpointPolicy.PREFER_RECOMPUTE)
 
 
 def drop_checked_asserts(joint: fx.GraphModule) -> None:
@@ -107,6 +112,7 @@ def lower(
                 offloadable=isinstance(val, torch.Tensor)
                 and alias_of is None
                 and nbytes >= offload_threshold,
+                checkpointed=_checkpointed(n, forward),
             )
         )
     graph_outputs = tuple(dict.fromkeys(ids[o] for o in outputs if isinstance(o, fx.Node)))
@@ -126,6 +132,17 @@ def _ancestors(roots: list[fx.Node]) -> set[fx.Node]:
         seen.add(n)
         stack.extend(n.all_input_nodes)
     return seen
+
+
+def _checkpointed(n: fx.Node, forward: set[fx.Node]) -> bool:
+    """Whether the model's activation checkpointing recomputes forward node `n`: tagged
+    so, and read in the forward only inside its own checkpointed region. A region's
+    output that a later region (or code outside any) reads is that one's input, which
+    torch.utils.checkpoint saves."""
+    if n not in forward or n.meta.get("recompute") not in CHECKPOINT_RECOMPUTES:
+        return False
+    region = n.meta.get("ac_graph_id")
+    return all(user.meta.get("ac_graph_id") == region for user in n.users if user in forward)
 
 
 def _kind(n: fx.Node) -> NodeKind:

@@ -40,6 +40,7 @@ from memplan.planner.solve import Solved, ran_out, solve_within_budget
 from memplan.planner.transfer_cost import transfer_seconds
 from memplan.simulate import MemoryTrace, simulate
 from memplan.solvers import SolverOptions, get_solver
+from memplan.solvers.baselines import as_written
 from memplan.solvers.training import build_schedule
 from memplan.units import format_bytes
 
@@ -93,7 +94,8 @@ def plan_graph(
     InfeasibleBudget with the least peak (in "arena" mode, the least arena) found when
     nothing fits."""
     solver_options = options.solver_options(device.split(":")[0])
-    reference = get_solver("keep_all")(graph, None, solver_options)
+    # Unplanned: the step as the model is written, its own checkpointing included.
+    reference = as_written(graph, None, solver_options)
     assert reference.schedule is not None
     unplanned = simulate(graph, reference.schedule)
     asked = resident.budget_of(budget, unplanned.peak)
@@ -402,7 +404,7 @@ class Partitioner:
             ]
             graph = resized.replace_times([n.time for n in traced], scaled)
             options = self.options.solver_options(lowered.device.type)
-            reference = get_solver("keep_all")(graph, None, options)
+            reference = as_written(graph, None, options)
             assert reference.schedule is not None
             planned = simulate(graph, schedule, bandwidth=options.bandwidth).peak
             planned = planned * plan.peak // max(1, plan.predicted_peak)

@@ -1,4 +1,5 @@
-"""Reference solvers: keep everything (the unplanned peak) and Chen et al.'s sqrt(n) segments."""
+"""Reference solvers: keep everything, the step as the model is written (the unplanned
+peak), and Chen et al.'s sqrt(n) segments."""
 
 from __future__ import annotations
 
@@ -29,6 +30,20 @@ def keep_all(graph: Graph, budget: int | None, options: SolverOptions) -> SolveR
         )
     decisions = {v: Decision.KEEP for v in graph.saved_candidates}
     return _result("keep_all", graph, budget, decisions, started, options)
+
+
+def as_written(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResult:
+    """The step as the model is written: what its own activation checkpointing recomputes
+    (Node.checkpointed) recomputed, every other tensor the backward reads kept. Without
+    checkpointing (and on the general problem), keep_all."""
+    if options.problem == "general" or not any(node.checkpointed for node in graph):
+        return keep_all(graph, budget, options)
+    started = time.perf_counter()
+    decisions = {
+        v: Decision.RECOMPUTE if graph[v].checkpointed and graph[v].recomputable else Decision.KEEP
+        for v in graph.saved_candidates
+    }
+    return _result("as_written", graph, budget, decisions, started, options)
 
 
 def chen_sqrt(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResult:
