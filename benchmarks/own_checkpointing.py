@@ -30,6 +30,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import memplan
+from benchmarks.blocks import Block
 from benchmarks.models import machine
 from benchmarks.pages import saved_section, section_benchmark
 from memplan.errors import MemplanWarning
@@ -47,23 +48,12 @@ BUDGETS = ("100%", "80%", "60%", "1 B")
 CPU = torch.device("cpu")
 
 
-class Block(nn.Module):
-    """Two layers with GELUs."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.first, self.second = nn.Linear(WIDTH, WIDTH), nn.Linear(WIDTH, WIDTH)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.gelu(self.second(nn.functional.gelu(self.first(x))))
-
-
 class CheckpointedBlocks(nn.Module):
     """BLOCKS blocks, each recomputed in the backward where `checkpointed`; the loss inside."""
 
     def __init__(self, checkpointed: bool = True) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList(Block() for _ in range(BLOCKS))
+        self.blocks = nn.ModuleList(Block(WIDTH) for _ in range(BLOCKS))
         self.checkpointed = checkpointed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,7 @@ from rich.progress import track
 from torch import nn
 
 import memplan
+from benchmarks.blocks import Block
 from benchmarks.models import machine
 from benchmarks.pages import saved_section, write_section
 from memplan.errors import MemplanWarning
@@ -51,23 +52,12 @@ def siamese_model() -> nn.Module:
     return nn.Sequential(*layers, nn.Linear(WIDTH, 16))
 
 
-class Block(nn.Module):
-    """Two layers. A module of its own: Dynamo skips a bare nn.Sequential compiled alone."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.first, self.second = nn.Linear(WIDTH, WIDTH), nn.Linear(WIDTH, WIDTH)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.gelu(self.second(nn.functional.gelu(self.first(x))))
-
-
 class Blocks(nn.Module):
     """Six blocks, the loss inside, so that only the blocks are compiled."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList(Block() for _ in range(6))
+        self.blocks = nn.ModuleList(Block(WIDTH) for _ in range(6))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for block in self.blocks:

@@ -16,7 +16,7 @@ from memplan.graph import Compute, Decision, Free, Graph, Node, NodeKind, Offloa
 from memplan.simulate import simulate
 from memplan.solvers import REGISTRY, SolverOptions, available, director_training, get_solver
 from memplan.solvers import greedy as greedy_module
-from memplan.solvers.baselines import chen_sqrt, keep_all
+from memplan.solvers.baselines import as_written, chen_sqrt, keep_all
 from memplan.solvers.greedy import _cheapest_release, _cost_per_byte
 from memplan.solvers.greedy import solve as greedy
 from memplan.solvers.training import (
@@ -126,6 +126,24 @@ def test_build_schedule_recomputes_before_first_use():
     )  # fmt: skip
     assert trace.time == 9.0  # keep_all's 8 + f0 again
     assert trace.peak == 338  # the gradients' peak is unchanged: f0 is gone by then
+
+
+def test_the_step_as_written_recomputes_what_the_models_checkpointing_does():
+    """as_written: the nodes the model's own checkpointing recomputes are recomputed, the
+    rest of what the backward reads kept; a graph without checkpointing is keep_all's."""
+    g = chain_graph(3)
+    assert (
+        as_written(g, None, SolverOptions()).decisions
+        == keep_all(g, None, SolverOptions()).decisions
+    )
+    f0, f1 = g.by_name["f0"], g.by_name["f1"]
+    nodes = tuple(dataclasses.replace(n, checkpointed=n.id in (f0, f1)) for n in g.nodes)
+    written = dataclasses.replace(g, nodes=nodes)
+    result = as_written(written, None, SolverOptions())
+    recomputed = {v for v, d in result.decisions.items() if d is Decision.RECOMPUTE}
+    assert recomputed == {f0, f1}
+    assert peak_of(written, result) <= peak_of(g, keep_all(g, None, SolverOptions()))
+    assert result.schedule.steps.count(Compute(f0)) == 2  # once more in the backward
 
 
 def test_build_schedule_recomputes_every_output_of_a_multi_output_node_at_once():
