@@ -6,7 +6,8 @@ graphs (each for what the graphs before it hold, backends.MemplanBackend), so th
 backend by name keeps one MemplanBackend per torch.compile call, built from that call's
 `options`. Dynamo calls backends of torch.compile through torch's `_TorchCompileWrapper`,
 one per call: the backend of a call is found by that wrapper, the caller's frame.
-Called any other way, each graph is planned alone. Modules compiled by separate
+Called any other way (torch._dynamo.optimize), each graph is planned alone, with a
+warning. Modules compiled by separate
 torch.compile calls (each block of a model compiled alone, or two models trained in one
 step) share one budget through one `memplan.backend(...)` object passed to each.
 """
@@ -14,6 +15,7 @@ step) share one budget through one `memplan.backend(...)` object passed to each.
 from __future__ import annotations
 
 import sys
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,6 +23,7 @@ from typing import Any
 import torch
 
 from memplan.backends import MemplanBackend
+from memplan.errors import MemplanWarning
 
 # How far up the stack the wrapper's frame may be from the backend's (it calls it
 # directly in torch 2.13).
@@ -33,6 +36,7 @@ class BackendByName:
 
     def __init__(self) -> None:
         self.of_call: dict[int, MemplanBackend] = {}  # by id of torch.compile's wrapper
+        self.warned_alone = False  # whether a graph was planned alone, and said so
 
     def __call__(
         self,
@@ -43,6 +47,15 @@ class BackendByName:
     ) -> Callable[..., Any]:
         wrapper = _torch_compile_call()
         if wrapper is None:
+            if not self.warned_alone:  # Dynamo called it some other way
+                self.warned_alone = True
+                warnings.warn(
+                    "memplan: the backend by name was not called through torch.compile, "
+                    "so each graph is planned alone; for one budget across graph breaks, "
+                    "use torch.compile or pass one memplan.backend(...) object",
+                    MemplanWarning,
+                    stacklevel=2,
+                )
             return MemplanBackend(**(options or {}))(gm, example_inputs, mode)
         backend = self.of_call.get(id(wrapper))
         if backend is None:

@@ -443,6 +443,22 @@ def test_a_models_own_checkpointing_is_its_unplanned_step() -> None:
     assert measured < 1.25 * eager, (measured, eager)
 
 
+def test_the_backend_by_name_called_outside_torch_compile_says_each_graph_is_planned_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Dynamo's older entry (torch._dynamo.optimize) calls the backend without
+    torch.compile's wrapper: the graphs cannot share one backend, and it says so, once."""
+    monkeypatch.setattr(memplan_backend, "warned_alone", False)
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 1))
+    optimized = torch._dynamo.optimize("memplan")(model)
+    with pytest.warns(MemplanWarning, match="each graph is planned alone"):
+        optimized(torch.randn(4, 8)).sum().backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MemplanWarning)
+        optimized(torch.randn(4, 8)).sum().backward()
+
+
 def test_a_backend_used_again_after_dynamo_reset_starts_a_new_step() -> None:
     """torch._dynamo.reset() numbers Dynamo's frames and compiles from 0 again: a backend
     compiling a model after it plans the model's graph alone, not after the graph it
