@@ -1,8 +1,10 @@
 """Budget: the one grammar every entry point (API, backend, every CLI command) parses.
 
 A budget is absolute bytes ("2GiB", "512 MB", 2e9) or a share of the unplanned peak
-("60%", or a plain number up to 1: 0.6). The unplanned peak is the keep-all schedule's
-(for the literature's graphs, the reference order's P0). Rounding, documented once:
+("60%", or a plain number up to 1: 0.6; so 1 is 100%, not one byte: "1 B" is). The
+unplanned peak is the step's as written: the keep-all schedule's, with what the model's
+own activation checkpointing recomputes recomputed (solvers.baselines.as_written; for
+the literature's graphs, the reference order's P0). Rounding, documented once:
 
 - a size is floored to whole bytes from its exact value: "1.001 KB" is 1001 bytes and
   1234.9 is 1234;
