@@ -18,21 +18,19 @@ benchmarks/results/repeated-calls-<device>.json and its section of docs/results.
 from __future__ import annotations
 
 import copy
-import json
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from rich.console import Console
 from rich.progress import track
 from torch import nn
 
 import memplan
 from benchmarks.blocks import Block
 from benchmarks.models import machine
-from benchmarks.pages import saved_section, write_section
+from benchmarks.pages import saved_section, section_benchmark
 from memplan.errors import MemplanWarning
 from memplan.planner.measure import measure_peak
 from memplan.units import format_bytes
@@ -188,17 +186,18 @@ def repeated_calls_section(where: dict[str, Any]) -> list[str]:
     return saved_section(RESULTS / f"repeated-calls-{where['device']}.json", section_text, *MARKERS)
 
 
-def main() -> None:
-    where = machine("cpu")
+def measure() -> dict[str, Any]:
     rows = [siamese(share) for share in track(SIAMESE_SHARES, description="siamese")]
     rows.append(regional())
-    saved = {"machine": where, "rows": rows}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"repeated-calls-{where['device']}.json"
-    out.write_text(json.dumps(saved, indent=1))
-    write_section(PAGE, section_text(saved), *MARKERS)
-    Console().print(f"wrote {out} and {PAGE}")
+    return {"machine": machine("cpu"), "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    path = RESULTS / f"repeated-calls-{machine('cpu')['device']}.json"
+    return section_benchmark(
+        argv, __doc__.splitlines()[0], path, PAGE, MARKERS, measure, section_text
+    )
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

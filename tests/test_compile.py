@@ -27,6 +27,7 @@ import memplan.planner.plan
 import memplan.planner.profile
 import memplan.planner.solve
 import memplan.spinner
+from benchmarks.blocks import Block
 from memplan.budget import Budget
 from memplan.errors import (
     AllocatorUnreadable,
@@ -404,7 +405,7 @@ class _Checkpointed(torch.nn.Module):
 
     def __init__(self, checkpointed: bool) -> None:
         super().__init__()
-        self.blocks = torch.nn.ModuleList(_Block(256) for _ in range(4))
+        self.blocks = torch.nn.ModuleList(Block(256) for _ in range(4))
         self.checkpointed = checkpointed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -870,17 +871,6 @@ def test_a_module_called_twice_before_its_backward_is_planned_again_for_the_firs
         torch.testing.assert_close(grad, want, rtol=1e-4, atol=1e-5)
 
 
-class _Block(torch.nn.Module):
-    """Two layers; a module of its own (Dynamo skips a bare Sequential compiled alone)."""
-
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.first, self.second = torch.nn.Linear(width, width), torch.nn.Linear(width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.gelu(self.second(torch.nn.functional.gelu(self.first(x))))
-
-
 def test_each_block_compiled_alone_is_planned_again_for_every_block_before_it() -> None:
     """Regional compilation: each of twelve blocks compiled alone under one backend, one
     graph serving the later blocks. Dynamo compiles it as a recompile of the first
@@ -891,7 +881,7 @@ def test_each_block_compiled_alone_is_planned_again_for_every_block_before_it() 
     watch that saw nine blocks or fewer would find less."""
     torch.manual_seed(0)
     width, batch, count = 64, 512, 12
-    blocks = torch.nn.ModuleList(_Block(width) for _ in range(count))
+    blocks = torch.nn.ModuleList(Block(width) for _ in range(count))
     x = torch.randn(batch, width)
     torch._dynamo.reset()
     backend = memplan.backend(budget="70%", progress=False)

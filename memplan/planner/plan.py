@@ -94,10 +94,7 @@ def plan_graph(
     InfeasibleBudget with the least peak (in "arena" mode, the least arena) found when
     nothing fits."""
     solver_options = options.solver_options(device.split(":")[0])
-    # Unplanned: the step as the model is written, its own checkpointing included.
-    reference = as_written(graph, None, solver_options)
-    assert reference.schedule is not None
-    unplanned = simulate(graph, reference.schedule)
+    reference, unplanned = unplanned_step(graph, solver_options)
     asked = resident.budget_of(budget, unplanned.peak)
     reapplied = None if reuse is None else _reapply(graph, reuse, solver_options)
     solved = solve_within_budget(
@@ -129,11 +126,19 @@ def plan_graph(
     plan = dataclasses.replace(
         plan,
         held=kept,
-        unplanned_held=_kept_for_backward(graph, unplanned, reference.schedule.split),
+        unplanned_held=_kept_for_backward(graph, unplanned, reference.split),
         resident=resident.held,
         unplanned_step_peak=resident.step_unplanned(unplanned.peak),
     )
     return plan, result.schedule
+
+
+def unplanned_step(graph: Graph, options: SolverOptions) -> tuple[Schedule, MemoryTrace]:
+    """The unplanned step a share is of, and its trace: the step as the model is written,
+    its own activation checkpointing included (solvers.baselines.as_written)."""
+    reference = as_written(graph, None, options)
+    assert reference.schedule is not None
+    return reference.schedule, simulate(graph, reference.schedule)
 
 
 def _kept_for_backward(graph: Graph, trace: MemoryTrace, split: int) -> int:
@@ -404,11 +409,9 @@ class Partitioner:
             ]
             graph = resized.replace_times([n.time for n in traced], scaled)
             options = self.options.solver_options(lowered.device.type)
-            reference = as_written(graph, None, options)
-            assert reference.schedule is not None
             planned = simulate(graph, schedule, bandwidth=options.bandwidth).peak
             planned = planned * plan.peak // max(1, plan.predicted_peak)
-            peaks.append((planned, simulate(graph, reference.schedule).peak))
+            peaks.append((planned, unplanned_step(graph, options)[1].peak))
         return peaks
 
     def _plan(

@@ -25,10 +25,10 @@ from memplan.errors import InfeasibleBudget, MemplanError
 from memplan.graph import Graph, Schedule
 from memplan.planner.capture import compile_training_step
 from memplan.planner.options import PlanOptions
-from memplan.planner.plan import Partitioner, Resident
+from memplan.planner.plan import Partitioner, Resident, unplanned_step
 from memplan.planner.plan_file import Plan
 from memplan.simulate import MemoryTrace, simulate
-from memplan.solvers import SolverOptions, get_solver
+from memplan.solvers import SolverOptions
 from memplan.tools.batch_search import largest
 from memplan.tools.zoo import Example
 from memplan.training_state import Breakdown, TrainingState, breakdown, floor, per_rank
@@ -169,10 +169,8 @@ def _checker(state: TrainingState, budget: Budget, seen: list[_Seen]) -> Callabl
         graph = per_rank(graph, state.ranks)
         if seen:
             return graph
-        keep_all = get_solver("keep_all")(graph, None, SolverOptions())
-        assert keep_all.schedule is not None
-        unplanned = simulate(graph, keep_all.schedule)
-        seen.append(_Seen(graph, unplanned, keep_all.schedule))
+        schedule, unplanned = unplanned_step(graph, SolverOptions())
+        seen.append(_Seen(graph, unplanned, schedule))
         asked = budget.resolve(unplanned.peak + state.outside)
         if floor(graph, state).total > asked:
             raise _NoPlanCanFit
