@@ -497,6 +497,27 @@ def test_an_evaluation_under_no_grad_between_steps_keeps_the_plan() -> None:
     assert len(backend.plans) == 1 and backend.graphs == 2
 
 
+def test_a_backward_that_retains_the_graph_runs_twice_like_eager() -> None:
+    """`loss.backward(retain_graph=True)` then `loss.backward()` (two losses through one
+    graph, as GAN and multi-task loops do): plain torch.compile runs it. memplan lowers the
+    backward before any backward call, so it cannot learn from the first call, as
+    torch.compile does, that the saved tensors must outlive it: it lowers the backward
+    without donated buffers. Before, the first backward raised a RuntimeError that the
+    backward was compiled with donated buffers (2-core CPU, 2026-11-30)."""
+    example = ZOO["mlp"](batch=256)
+    torch._dynamo.reset()
+    backend = memplan.backend(budget="70%", progress=False)
+    model, reference = copy.deepcopy(example.model), copy.deepcopy(example.model)
+    for run in (torch.compile(model, backend=backend), reference):
+        loss = run(*example.inputs)
+        loss.backward(retain_graph=True)
+        loss.backward()
+    (plan,) = backend.plans
+    assert plan.counts()["recompute"] > 0 and plan.compiled_peak
+    for (name, got), want in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
 class _Autocast(torch.nn.Module):
     """`model` under bfloat16 autocast, as mixed-precision training runs it."""
 

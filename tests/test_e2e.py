@@ -199,6 +199,21 @@ def test_offload_on_cpu_keeps_numerics_and_moves_bytes_to_host() -> None:
     assert tracked <= planned.plan.predicted_peak <= measured
 
 
+def test_a_planned_module_s_backward_may_retain_the_graph() -> None:
+    """`loss.backward(retain_graph=True)`, then `loss.backward()` on the module
+    memplan.optimize returns: the gradients, accumulated twice, are eager's. Before, the
+    first backward raised that the backward was compiled with donated buffers."""
+    example = ZOO["mlp"](batch=256)
+    model, reference = copy.deepcopy(example.model), copy.deepcopy(example.model)
+    planned = memplan.optimize(model, example.inputs, budget="70%", progress=False)
+    assert planned.plan.counts()["recompute"] > 0
+    for run in (planned, reference):
+        loss = run(*example.inputs)
+        loss.backward(retain_graph=True)
+        loss.backward()
+    assert_grads_equal(model, {n: p.grad for n, p in reference.named_parameters()})
+
+
 @pytest.mark.parametrize("name", default_or_slow(["mlp", "cnn", "gpt2", "convnext"]))
 def test_torch_compile_runs_the_same_plan_as_the_api(name: str) -> None:
     """Through torch.compile the same plans come out and use memory exactly as through

@@ -20,6 +20,7 @@ from torch._functorch.aot_autograd import (
     aot_compile_joint_with_descriptors,
     aot_export_joint_with_descriptors,
 )
+from torch._guards import TracingContext
 
 from memplan.errors import UnsupportedModel, first_line
 
@@ -73,6 +74,7 @@ def boxed_runner(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[
     alive through the whole backward. Generated code, unlike fx's Interpreter, adds no
     per-node Python dispatch to the step time.
     """
+    keep_saved_tensors()  # this code reuses no input's buffer
     # fx's boxed code generator is what AOTAutograd's own compilers use for this.
     gm.graph.set_codegen(fx.graph._BoxedCodeGen())
     gm.recompile()
@@ -82,6 +84,20 @@ def boxed_runner(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[
 
     run._boxed_call = True  # type: ignore[attr-defined]
     return run
+
+
+def keep_saved_tensors() -> None:
+    """Have AOTAutograd's backward reuse no saved tensor's buffer in place (a donated
+    buffer), so that `backward(retain_graph=True)` may run it again. torch.compile lowers
+    the backward at its first call and drops that reuse where the call retains the graph;
+    a backward lowered before any call (memplan's, for its check) cannot know, and that
+    reuse makes a retaining call raise. Called from a compiler AOTAutograd calls: the list
+    of such buffers is shared by the step's metadata and its inner graphs', so it is
+    cleared in place."""
+    context = TracingContext.try_get()
+    metadata = None if context is None else context.fw_metadata
+    if metadata is not None and metadata.bw_donated_idxs:
+        metadata.bw_donated_idxs.clear()
 
 
 def compile_training_step(

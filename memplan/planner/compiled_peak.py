@@ -29,7 +29,7 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from memplan.planner.capture import boxed_runner, module_copy
+from memplan.planner.capture import boxed_runner, keep_saved_tensors, module_copy
 from memplan.planner.measure import measure_peak, own_random_numbers
 from memplan.planner.plan_file import Plan
 from memplan.planner.shapes import hint
@@ -65,6 +65,7 @@ class CompiledGraphs:
         (output,) = gm.graph.find_nodes(op="output")
         returned = pytree.tree_leaves(output.args[0])
         outputs = [v.name if isinstance(v, fx.Node) else None for v in returned]
+        keep_saved_tensors()  # lowered at once, for the check
         # The twin first: Inductor's passes may change `gm` in place.
         unfused = boxed_runner(module_copy(gm), example_inputs)
         compiled = self.compile(gm, example_inputs)
