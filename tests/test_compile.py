@@ -497,6 +497,34 @@ def test_an_evaluation_under_no_grad_between_steps_keeps_the_plan() -> None:
     assert len(backend.plans) == 1 and backend.graphs == 2
 
 
+class _Recurrent(torch.nn.Module):
+    """A layer, an LSTM and a head: what Dynamo does not trace by default."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.first = torch.nn.Linear(width, width)
+        self.lstm = torch.nn.LSTM(width, width, batch_first=True)
+        self.head = torch.nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.lstm(self.first(x).relu())[0][:, -1]).square().mean()
+
+
+@pytest.mark.parametrize("allow_rnn", [False, True])
+def test_an_lstm_is_planned_only_where_dynamo_traces_it(allow_rnn: bool) -> None:
+    """What the README says of recurrent layers: under torch.compile's defaults, Dynamo
+    compiles no graph of a model with an nn.LSTM and memplan plans nothing; with
+    `torch._dynamo.config.allow_rnn`, the step is planned and trains like eager."""
+    torch.manual_seed(0)
+    model, inputs = _Recurrent(), (torch.randn(8, 3, 16),)
+    torch._dynamo.reset()
+    backend = memplan.backend(budget="70%", progress=False)
+    with torch._dynamo.config.patch(allow_rnn=allow_rnn), warnings.catch_warnings():
+        warnings.simplefilter("ignore", MemplanWarning)  # 70% is under its least
+        _train_and_compare(torch.compile(model, backend=backend), model, inputs)
+    assert len(backend.plans) == int(allow_rnn)
+
+
 def test_a_backward_that_retains_the_graph_runs_twice_like_eager() -> None:
     """`loss.backward(retain_graph=True)` then `loss.backward()` (two losses through one
     graph, as GAN and multi-task loops do): plain torch.compile runs it. memplan lowers the
