@@ -15,12 +15,14 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+import torch.fx.traceback as fx_traceback
 from torch import nn
 from torch._functorch.aot_autograd import (
     aot_compile_joint_with_descriptors,
     aot_export_joint_with_descriptors,
 )
 from torch._guards import TracingContext
+from torch.overrides import TorchFunctionMode
 
 from memplan.errors import UnsupportedModel, first_line
 
@@ -39,15 +41,51 @@ class Compiled:
     buffer_names: list[str]
 
 
+# The key of fx's annotations (node.meta["custom"]) under which capture marks the nodes
+# traced inside a torch.utils.checkpoint region, with the region's number.
+CHECKPOINT_REGION = "memplan_checkpoint_region"
+# The qualified names of torch.utils.checkpoint's (non-reentrant) saved-tensor hooks begin
+# so: they are the innermost hooks while a checkpointed function runs.
+_CHECKPOINT_HOOKS = "_checkpoint_hook."
+
+
+class _CheckpointRegions(TorchFunctionMode):
+    """Marks each op traced inside a torch.utils.checkpoint region with the region's number
+    (CHECKPOINT_REGION). Under torch.compile, Dynamo tags those regions itself; AOTAutograd
+    traces the module directly and tags nothing, so without this mark the model's own
+    checkpointing would be invisible to memplan.optimize (planner/lower.py reads both)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # Each region's pack hook, kept so that no later hook reuses its id: its number.
+        self.regions: dict[Callable[..., Any], int] = {}
+
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Any,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        hooks = torch._C._autograd._top_saved_tensors_default_hooks(True)
+        pack = None if hooks is None else hooks[0]
+        if pack is None or not getattr(pack, "__qualname__", "").startswith(_CHECKPOINT_HOOKS):
+            return func(*args, **(kwargs or {}))
+        region = self.regions.setdefault(pack, len(self.regions))
+        with fx_traceback.annotate({CHECKPOINT_REGION: region}):
+            return func(*args, **(kwargs or {}))
+
+
 @contextlib.contextmanager
 def _exported(
     model: nn.Module, example_inputs: Sequence[Any], decompositions: Decompositions | None = None
 ) -> Iterator[Any]:
     with contextlib.ExitStack() as stack:
         try:
-            joint = aot_export_joint_with_descriptors(
-                stack, model, tuple(example_inputs), decompositions=decompositions
-            )
+            with fx_traceback.preserve_node_meta(), _CheckpointRegions():
+                joint = aot_export_joint_with_descriptors(
+                    stack, model, tuple(example_inputs), decompositions=decompositions
+                )
         except UnsupportedModel:
             raise
         except Exception as error:  # torch raises many types; name what failed

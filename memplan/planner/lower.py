@@ -21,6 +21,7 @@ from memplan.errors import UnsupportedModel
 from memplan.graph import Graph, Node, NodeKind
 from memplan.passes.recompute import can_recompute
 from memplan.passes.rewrite import Lowered
+from memplan.planner.capture import CHECKPOINT_REGION
 from memplan.planner.granularity import allocated_bytes
 from memplan.planner.options import DEFAULT_OFFLOAD_THRESHOLD
 from memplan.planner.shapes import hint
@@ -135,14 +136,24 @@ def _ancestors(roots: list[fx.Node]) -> set[fx.Node]:
 
 
 def _checkpointed(n: fx.Node, forward: set[fx.Node]) -> bool:
-    """Whether the model's activation checkpointing recomputes forward node `n`: tagged
-    so, and read in the forward only inside its own checkpointed region. A region's
+    """Whether the model's activation checkpointing recomputes forward node `n`: traced in
+    a checkpointed region, and read in the forward only inside that region. A region's
     output that a later region (or code outside any) reads is that one's input, which
     torch.utils.checkpoint saves."""
-    if n not in forward or n.meta.get("recompute") not in CHECKPOINT_RECOMPUTES:
+    region = _checkpoint_region(n)
+    if n not in forward or region is None:
         return False
-    region = n.meta.get("ac_graph_id")
-    return all(user.meta.get("ac_graph_id") == region for user in n.users if user in forward)
+    return all(_checkpoint_region(user) == region for user in n.users if user in forward)
+
+
+def _checkpoint_region(n: fx.Node) -> tuple[str, object] | None:
+    """The checkpointed region whose recomputation `n` is part of, if any: under
+    torch.compile, Dynamo's (a node tagged recompute, by its `ac_graph_id`; a node of the
+    region tagged to be saved is in none); under memplan.optimize, capture's mark."""
+    if n.meta.get("recompute") in CHECKPOINT_RECOMPUTES:
+        return "dynamo", n.meta.get("ac_graph_id")
+    mark = (n.meta.get("custom") or {}).get(CHECKPOINT_REGION)
+    return None if mark is None else ("traced", mark)
 
 
 def _kind(n: fx.Node) -> NodeKind:

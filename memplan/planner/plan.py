@@ -104,6 +104,7 @@ def plan_graph(
         solver_options,
         best_effort=options.best_effort,
         first=reapplied,
+        as_written=reference,
     )
     layout = lay_out(
         solved.trace.allocations,
@@ -126,19 +127,19 @@ def plan_graph(
     plan = dataclasses.replace(
         plan,
         held=kept,
-        unplanned_held=_kept_for_backward(graph, unplanned, reference.split),
+        unplanned_held=_kept_for_backward(graph, unplanned, reference.schedule.split),
         resident=resident.held,
         unplanned_step_peak=resident.step_unplanned(unplanned.peak),
     )
     return plan, result.schedule
 
 
-def unplanned_step(graph: Graph, options: SolverOptions) -> tuple[Schedule, MemoryTrace]:
+def unplanned_step(graph: Graph, options: SolverOptions) -> tuple[SolveResult, MemoryTrace]:
     """The unplanned step a share is of, and its trace: the step as the model is written,
     its own activation checkpointing included (solvers.baselines.as_written)."""
     reference = as_written(graph, None, options)
     assert reference.schedule is not None
-    return reference.schedule, simulate(graph, reference.schedule)
+    return reference, simulate(graph, reference.schedule)
 
 
 def _kept_for_backward(graph: Graph, trace: MemoryTrace, split: int) -> int:

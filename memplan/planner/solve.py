@@ -4,7 +4,9 @@ and both CLI commands (`memplan plan` and `memplan solve`).
 The named solver runs first. Where its simulated peak is over the budget (or it found no
 schedule), the problem's fallback stands in: greedy on the training problem, the director
 on the general one, first at the budget and then for its least peak; the note says
-which schedule was returned. Where nothing found fits: with best_effort, the least peak
+which schedule was returned. The step as the model is written (`as_written`, where the caller
+has it) stands in next: a budget at its peak (100%) is always held. Where nothing found
+fits: with best_effort, the least peak
 found becomes the budget, with a warning (what torch.compile does per graph); else
 InfeasibleBudget names the least peak and who found it. No torch here.
 """
@@ -76,9 +78,11 @@ def solve_within_budget(
     *,
     best_effort: bool = False,
     first: SolveResult | None = None,
+    as_written: SolveResult | None = None,
 ) -> Solved:
     """`solver`'s schedule for `budget`, or the fallback's (see the module). `first` is the
-    named solver's result where the caller already has it (a re-applied plan)."""
+    named solver's result where the caller already has it (a re-applied plan);
+    `as_written`, the step as the model is written (solvers.baselines.as_written)."""
     named = _found(graph, first or get_solver(solver)(graph, budget, options), options)
     cut_short = first is None and ran_out(named.result, options)
     if named.peak <= budget:
@@ -99,7 +103,8 @@ def solve_within_budget(
     fallback_options = options
     if fallback.seconds is not None:
         fallback_options = dataclasses.replace(options, time_limit=fallback.seconds)
-    missed = f"{solver} found no schedule within the budget {why}; this is the {fallback.solver}'s"
+    missed_by = f"{solver} found no schedule within the budget {why}"
+    missed = f"{missed_by}; this is the {fallback.solver}'s"
     least, least_by = named, solver
     if solver != fallback.solver:
         stand_in = _found(
@@ -112,6 +117,13 @@ def solve_within_budget(
             return Solved(stand_in.result, stand_in.trace, budget, note, cut_short)
         if stand_in.peak < least.peak:
             least, least_by = stand_in, fallback.solver
+    # The solvers search from keep-all: a model's own checkpointing can reach a peak they
+    # miss by a few bytes (a scalar kept), and a budget of 100% of that step must hold.
+    written = None if as_written is None else _found(graph, as_written, options)
+    if written is not None and written.peak <= budget:
+        assert written.trace is not None
+        result = dataclasses.replace(written.result, status="feasible")
+        return Solved(result, written.trace, budget, f"{missed_by}; this is the step as written")
     lowest = _found(graph, get_solver(fallback.solver)(graph, None, fallback_options), options)
     cut_short = cut_short or ran_out(lowest.result, fallback_options)
     if lowest.peak <= budget:  # the fallback's budgeted search missed what it can reach

@@ -169,8 +169,9 @@ def _checker(state: TrainingState, budget: Budget, seen: list[_Seen]) -> Callabl
         graph = per_rank(graph, state.ranks)
         if seen:
             return graph
-        schedule, unplanned = unplanned_step(graph, SolverOptions())
-        seen.append(_Seen(graph, unplanned, schedule))
+        reference, unplanned = unplanned_step(graph, SolverOptions())
+        assert reference.schedule is not None
+        seen.append(_Seen(graph, unplanned, reference.schedule))
         asked = budget.resolve(unplanned.peak + state.outside)
         if floor(graph, state).total > asked:
             raise _NoPlanCanFit
