@@ -4,11 +4,11 @@ and both CLI commands (`memplan plan` and `memplan solve`).
 The named solver runs first. Where its simulated peak is over the budget (or it found no
 schedule), the problem's fallback stands in: greedy on the training problem, the director
 on the general one, first at the budget and then for its least peak; the note says
-which schedule was returned. The step as the model is written (`as_written`, where the caller
-has it) stands in next: a budget at its peak (100%) is always held. Where nothing found
-fits: with best_effort, the least peak
-found becomes the budget, with a warning (what torch.compile does per graph); else
-InfeasibleBudget names the least peak and who found it. No torch here.
+which schedule was returned. The step as the model is written (`as_written`, where the
+caller has it) stands in next, so that a budget at its peak (100%) always holds. Where
+nothing found fits: with best_effort, the least peak found becomes the budget, with a
+warning (what torch.compile does per graph); else InfeasibleBudget names the least peak
+and who found it. No torch here.
 """
 
 from __future__ import annotations
@@ -117,13 +117,15 @@ def solve_within_budget(
             return Solved(stand_in.result, stand_in.trace, budget, note, cut_short)
         if stand_in.peak < least.peak:
             least, least_by = stand_in, fallback.solver
-    # The solvers search from keep-all: a model's own checkpointing can reach a peak they
-    # miss by a few bytes (a scalar kept), and a budget of 100% of that step must hold.
+    # The solvers search from keep-all: they can miss the peak of a model's own
+    # checkpointing by a few bytes (12 B on four checkpointed blocks, greedy's least),
+    # and a budget of 100% of that step must hold.
     written = None if as_written is None else _found(graph, as_written, options)
     if written is not None and written.peak <= budget:
         assert written.trace is not None
         result = dataclasses.replace(written.result, status="feasible")
-        return Solved(result, written.trace, budget, f"{missed_by}; this is the step as written")
+        note = f"{missed_by}; this is the step as written"
+        return Solved(result, written.trace, budget, note, cut_short)
     lowest = _found(graph, get_solver(fallback.solver)(graph, None, fallback_options), options)
     cut_short = cut_short or ran_out(lowest.result, fallback_options)
     if lowest.peak <= budget:  # the fallback's budgeted search missed what it can reach
