@@ -118,8 +118,8 @@ def solve_within_budget(
         if stand_in.peak < least.peak:
             least, least_by = stand_in, fallback.solver
     # The solvers search from keep-all: they can miss the peak of a model's own
-    # checkpointing by a few bytes (12 B on four checkpointed blocks, greedy's least),
-    # and a budget of 100% of that step must hold.
+    # checkpointing by a few bytes (greedy's least did, on checkpointed blocks), and a
+    # budget of 100% of that step must hold.
     written = None if as_written is None else _found(graph, as_written, options)
     if written is not None and written.peak <= budget:
         assert written.trace is not None
