@@ -325,6 +325,11 @@ def _train_and_compare(
         m.zero_grad(set_to_none=True)
     train_step(compiled, inputs)()
     train_step(reference, inputs)()
+    _assert_same_grads(model, reference)
+
+
+def _assert_same_grads(model: torch.nn.Module, reference: torch.nn.Module) -> None:
+    """`model`'s gradients are `reference`'s, within Inductor's tolerance."""
     for (name, got), want in zip(model.named_parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-5, msg=name)
 
@@ -564,8 +569,7 @@ def test_a_backward_that_retains_the_graph_runs_twice_like_eager() -> None:
         loss.backward()
     (plan,) = backend.plans
     assert plan.counts()["recompute"] > 0 and plan.compiled_peak
-    for (name, got), want in zip(model.named_parameters(), reference.parameters(), strict=True):
-        torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-5, msg=name)
+    _assert_same_grads(model, reference)
 
 
 class _Autocast(torch.nn.Module):

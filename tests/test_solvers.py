@@ -130,6 +130,12 @@ def test_build_schedule_recomputes_before_first_use():
     assert trace.peak == 338  # the gradients' peak is unchanged: f0 is gone by then
 
 
+def _checkpointing(graph: Graph, *names: str) -> Graph:
+    """`graph` with the nodes named `names` recomputed by the model's own checkpointing."""
+    nodes = tuple(dataclasses.replace(n, checkpointed=n.name in names) for n in graph.nodes)
+    return dataclasses.replace(graph, nodes=nodes)
+
+
 def test_the_step_as_written_recomputes_what_the_models_checkpointing_does():
     """as_written: the nodes the model's own checkpointing recomputes are recomputed, the
     rest of what the backward reads kept; a graph without checkpointing is keep_all's."""
@@ -139,8 +145,7 @@ def test_the_step_as_written_recomputes_what_the_models_checkpointing_does():
         == keep_all(g, None, SolverOptions()).decisions
     )
     f0, f1 = g.by_name["f0"], g.by_name["f1"]
-    nodes = tuple(dataclasses.replace(n, checkpointed=n.id in (f0, f1)) for n in g.nodes)
-    written = dataclasses.replace(g, nodes=nodes)
+    written = _checkpointing(g, "f0", "f1")
     result = as_written(written, None, SolverOptions())
     recomputed = {v for v, d in result.decisions.items() if d is Decision.RECOMPUTE}
     assert recomputed == {f0, f1}
@@ -152,9 +157,8 @@ def test_a_budget_at_the_step_as_written_holds_where_the_solvers_miss_it(monkeyp
     """The driver takes the step as written where the named solver and the fallback find
     nothing within the budget: 100% of it holds. Both are made to answer keep_all here,
     which peaks above the step as written (on models, greedy's least missed it by 12 B)."""
-    g = chain_graph(3, act_bytes=100, param_bytes=10)  # activations dominate
-    nodes = tuple(dataclasses.replace(n, checkpointed=n.name == "f0") for n in g.nodes)
-    written = dataclasses.replace(g, nodes=nodes)
+    activations_dominate = chain_graph(3, act_bytes=100, param_bytes=10)
+    written = _checkpointing(activations_dominate, "f0")
     reference = as_written(written, None, SolverOptions())
     budget = peak_of(written, reference)
     assert peak_of(written, keep_all(written, None, SolverOptions())) > budget
