@@ -246,10 +246,11 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="find the largest batch that trains under a memory cap",
         description="Search the largest batch size that trains one step under a memory cap "
-        "(enforced: torch.cuda's per-process memory fraction on a GPU, an out-of-memory "
-        "error from the live-storage tracker on CPU) for eager, PyTorch's min-cut partitioner "
-        "at its best activation budget and memplan, each within a step-time overhead limit "
-        "per sample against eager's largest batch.",
+        "(enforced: torch.cuda's per-process memory fraction on a GPU; on CPU the "
+        "allocator's record of the step, a step over the cap counting as out of memory) "
+        "for eager, PyTorch's min-cut partitioner at its best activation budget and "
+        "memplan, each within a step-time overhead limit per sample against eager's "
+        "largest batch.",
     )
     largest.add_argument(
         "model",

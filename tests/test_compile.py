@@ -36,6 +36,7 @@ from memplan.errors import (
     MemplanWarning,
     PlanFileError,
     UnknownSolver,
+    UnsupportedModel,
     cause_of,
 )
 from memplan.graph import Graph, Schedule
@@ -469,6 +470,24 @@ def test_memplan_optimize_sees_a_models_own_checkpointing_too() -> None:
     measured = steady_step_peak(planned, planned_model, (x,))
     eager = steady_step_peak(model, model, (x,))
     assert measured <= planned.plan.budget and measured <= 1.01 * eager, (measured, eager)
+
+
+def test_memplan_optimize_refuses_a_reentrant_checkpoint_and_says_what_to_pass() -> None:
+    """AOTAutograd traces the backward with torch.autograd.grad, which a reentrant
+    checkpoint refuses: memplan.optimize raises UnsupportedModel with torch's reason, which
+    names the way out."""
+
+    class Reentrant(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = torch.nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=True).sum()
+
+    x = torch.randn(4, 8, requires_grad=True)
+    with pytest.raises(UnsupportedModel, match="use_reentrant=False"):
+        memplan.optimize(Reentrant(), (x,), budget="70%", progress=False)
 
 
 def test_the_backend_by_name_called_outside_torch_compile_says_each_graph_is_planned_alone(
