@@ -407,17 +407,19 @@ def test_a_mode_of_torch_compile_is_refused_with_the_inductor_settings_to_give(
 
 class _Checkpointed(torch.nn.Module):
     """Four blocks, each recomputed in the backward where `checkpointed` (as users write
-    activation checkpointing: torch.utils.checkpoint, non-reentrant), the loss inside."""
+    activation checkpointing: torch.utils.checkpoint, non-reentrant unless `reentrant`),
+    the loss inside."""
 
-    def __init__(self, checkpointed: bool) -> None:
+    def __init__(self, checkpointed: bool, reentrant: bool = False) -> None:
         super().__init__()
         self.blocks = torch.nn.ModuleList(Block(256) for _ in range(4))
         self.checkpointed = checkpointed
+        self.reentrant = reentrant
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for block in self.blocks:
             if self.checkpointed:
-                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=self.reentrant)
             else:
                 x = block(x)
         return x.square().mean()
@@ -475,19 +477,12 @@ def test_memplan_optimize_sees_a_models_own_checkpointing_too() -> None:
 def test_memplan_optimize_refuses_a_reentrant_checkpoint_and_says_what_to_pass() -> None:
     """AOTAutograd traces the backward with torch.autograd.grad, which a reentrant
     checkpoint refuses: memplan.optimize raises UnsupportedModel with torch's reason, which
-    names the way out."""
-
-    class Reentrant(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.block = torch.nn.Linear(8, 8)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=True).sum()
-
-    x = torch.randn(4, 8, requires_grad=True)
+    names the way out. (Its input requires grad: with none that does, a reentrant
+    checkpoint's output does not either, in eager too.)"""
+    x = torch.randn(4, 256, requires_grad=True)
+    model = _Checkpointed(checkpointed=True, reentrant=True)
     with pytest.raises(UnsupportedModel, match="use_reentrant=False"):
-        memplan.optimize(Reentrant(), (x,), budget="70%", progress=False)
+        memplan.optimize(model, (x,), budget="70%", progress=False)
 
 
 def test_the_backend_by_name_called_outside_torch_compile_says_each_graph_is_planned_alone(
