@@ -306,6 +306,7 @@ def check_inductor_numerics(example: Example) -> None:
     for name, error, own in zip(expected, errors, own_errors, strict=True):
         scale = expected[name].abs().max().item()
         assert error <= own + FLOAT64_TOLERANCE * scale, (name, error, own, scale)
+    _assert_same_buffers(model, inductor)
     check_compiled_peak(backend, compiled, model, example.inputs)
 
 
@@ -327,6 +328,39 @@ def _train_and_compare(
     train_step(compiled, inputs)()
     train_step(reference, inputs)()
     _assert_same_grads(model, reference)
+
+
+def _assert_same_buffers(model: torch.nn.Module, reference: torch.nn.Module) -> None:
+    """`model`'s buffers (BatchNorm's running statistics and its count of batches) are
+    `reference`'s, within Inductor's tolerance."""
+    named = list(model.named_buffers())
+    assert len(named) == len(list(reference.buffers()))
+    for (name, got), want in zip(named, reference.buffers(), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_batch_norm_statistics_are_updated_once_per_step_like_eager() -> None:
+    """BatchNorm's running statistics are written in place inside the planned forward (as
+    torch.compile's Inductor backend has AOTAutograd keep such writes in the graph): after
+    two steps at 70% and at the least, where its normalizations are recomputed without
+    them, they are eager's, and each layer has counted two batches. Before the forward
+    kept those writes, the planner took them for backward nodes that no gradient drives
+    and dropped some (2-core CPU, 2026-11-30)."""
+    example = example_of("resnet")
+    for budget in ("70%", LEAST):
+        torch._dynamo.reset()
+        backend = memplan.backend(budget=budget, inner="eager", progress=False)
+        model, reference = copy.deepcopy(example.model), copy.deepcopy(example.model)
+        compiled = torch.compile(model, backend=backend)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", MemplanWarning)  # the least is planned for
+            for run in (compiled, compiled, reference, reference):
+                train_step(run, example.inputs)()
+        (plan,) = backend.plans
+        assert plan.counts()["recompute"] > 0
+        _assert_same_buffers(model, reference)
+        counts = [b for n, b in model.named_buffers() if n.endswith("num_batches_tracked")]
+        assert counts and all(int(c) == 2 for c in counts)
 
 
 def _assert_same_grads(model: torch.nn.Module, reference: torch.nn.Module) -> None:

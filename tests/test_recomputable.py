@@ -72,3 +72,28 @@ def test_a_recomputed_attention_trains_with_eager_s_gradients() -> None:
     edited = dataclasses.replace(plan, decisions=recomputed)
     check = verify(model, inputs, edited)
     assert check.grads_match, check.max_grad_error
+
+
+def test_batch_norm_writes_its_statistics_in_the_forward_and_never_again() -> None:
+    """With AOTAutograd keeping the step's input mutations in the graph (as memplan's
+    torch.compile backend has it, like torch.compile's Inductor backend): each `copy_` into
+    a running statistic is a forward node though no output reads it, and never recomputed;
+    BatchNorm's output, mean and inverse std may be recomputed (through its substitute),
+    the updated statistics it returns may not."""
+    module = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).train()
+    with contextlib.ExitStack() as stack:
+        joint = aot_export_joint_with_descriptors(
+            stack, module, (torch.randn(2, 3, 8, 8),), keep_inference_input_mutations=True
+        ).graph_module
+        graph = lower(joint, 1).graph
+    by_name = {node.name: node for node in graph}
+    writes = [n for n in joint.graph.nodes if n.target is torch.ops.aten.copy_.default]
+    assert len(writes) == 3  # running mean, running variance, batches counted
+    for write in writes:
+        assert not by_name[write.name].is_backward
+        assert not by_name[write.name].recomputable
+    (norm,) = joint.graph.find_nodes(
+        op="call_function", target=torch.ops.aten._native_batch_norm_legit_functional.default
+    )
+    outputs = {user.args[1]: by_name[user.name].recomputable for user in norm.users}
+    assert outputs == {0: True, 1: True, 2: True, 3: False, 4: False}

@@ -1,14 +1,16 @@
 """Which ops the rewrite can run again, and how: `can_recompute` is what lowering asks.
 
-Random ops (no RNG replay), side effects and non-ATen calls never run twice. AOTAutograd
-applies input mutations (BatchNorm's running statistics) after the forward, so a
-recomputation in the backward must not read those inputs either: a substitute computes
-the same outputs the backward reads without them, and ops without one are never
-recomputed.
+Random ops (no RNG replay), side effects and non-ATen calls never run twice. The step's
+input mutations (BatchNorm's running statistics) are written at the forward's end, in the
+graph or by AOTAutograd after it, so a recomputation in the backward must not read those
+inputs either: a substitute computes the same outputs the backward reads without them
+(not the updated statistics, which only the forward writes), and ops without one are
+never recomputed.
 """
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -36,6 +38,9 @@ def _batch_norm_without_stats(
 SUBSTITUTES: dict[Any, Substitute] = {
     aten._native_batch_norm_legit_functional.default: _batch_norm_without_stats,
 }
+# How many of the op's outputs, first to last, its substitute computes: the others (the
+# updated running statistics) are the forward's alone.
+SUBSTITUTE_OUTPUTS = {aten._native_batch_norm_legit_functional.default: 3}
 
 
 def _has_substitute(node: fx.Node) -> bool:
@@ -60,8 +65,12 @@ def can_recompute(n: fx.Node, mutated: set[fx.Node]) -> bool:
     if any(a in mutated for a in n.all_input_nodes) and not _has_substitute(n):
         return False
     if n.target is operator.getitem:  # runs again only with its producer
-        parent = n.args[0]
-        return isinstance(parent, fx.Node) and can_recompute(parent, mutated)
+        parent, index = n.args
+        return (
+            isinstance(parent, fx.Node)
+            and can_recompute(parent, mutated)
+            and index < SUBSTITUTE_OUTPUTS.get(parent.target, math.inf)
+        )
     if not isinstance(n.target, torch._ops.OpOverload):
         return False
     if torch.Tag.nondeterministic_seeded in n.target.tags and not _without_dropout(n):
@@ -81,3 +90,14 @@ def _without_dropout(n: fx.Node) -> bool:
                 value = argument.default_value
             return value == 0
     return False
+
+
+def is_input_mutation(n: fx.Node) -> bool:
+    """Whether `n` writes a graph input in place: the `copy_` AOTAutograd leaves in the
+    graph for a mutation it keeps there (keep_inference_input_mutations)."""
+    return (
+        n.op == "call_function"
+        and n.target is torch.ops.aten.copy_.default
+        and isinstance(n.args[0], fx.Node)
+        and n.args[0].op == "placeholder"
+    )

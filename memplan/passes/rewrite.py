@@ -28,9 +28,10 @@ from torch._ops import OpOverload
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.symbolic_shapes import find_symbol_binding_fx_nodes, free_symbols
 
+from memplan.errors import InvalidSchedule
 from memplan.graph import Compute, Free, Graph, NodeKind, Offload, Prefetch, Schedule, Step, Wait
 from memplan.passes.offload import OFFLOAD, PREFETCH, RELEASE, WAIT
-from memplan.passes.recompute import SUBSTITUTES, substitute
+from memplan.passes.recompute import SUBSTITUTES, is_input_mutation, substitute
 
 
 @dataclass(frozen=True)
@@ -127,9 +128,20 @@ def _forward_graph(
     for node in graph:
         if node.kind is not NodeKind.COMPUTE and node.kind is not NodeKind.TANGENT:
             values[fx_nodes[node.id]] = _copy(fw, fx_nodes[node.id], values)
+    written: set[fx.Node] = set()  # inputs the forward has written in place
     for step in steps:
         joint_node = fx_nodes[step.node]
         if isinstance(step, Compute):
+            # A write into an input (BatchNorm's running statistics) ends the forward in
+            # the traced graph: an op run after it would read the new value.
+            stale = written.intersection(joint_node.all_input_nodes)
+            if stale:
+                raise InvalidSchedule(
+                    f"{joint_node.name} reads {min(n.name for n in stale)} after the "
+                    "forward wrote it in place"
+                )
+            if is_input_mutation(joint_node):
+                written.add(joint_node.args[0])
             values[joint_node] = _copy(fw, joint_node, values)
         elif isinstance(step, Offload):
             host_copies[step.node] = _call_op(

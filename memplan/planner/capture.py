@@ -83,8 +83,15 @@ def _exported(
     with contextlib.ExitStack() as stack:
         try:
             with fx_traceback.preserve_node_meta(), _CheckpointRegions():
+                # The step's writes into its inputs (BatchNorm's running statistics) stay
+                # in the graph, as memplan's torch.compile backend has them (backends.py),
+                # so that both plan one graph.
                 joint = aot_export_joint_with_descriptors(
-                    stack, model, tuple(example_inputs), decompositions=decompositions
+                    stack,
+                    model,
+                    tuple(example_inputs),
+                    decompositions=decompositions,
+                    keep_inference_input_mutations=True,
                 )
         except UnsupportedModel:
             raise

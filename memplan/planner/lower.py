@@ -19,7 +19,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 
 from memplan.errors import UnsupportedModel
 from memplan.graph import Graph, Node, NodeKind
-from memplan.passes.recompute import can_recompute
+from memplan.passes.recompute import can_recompute, is_input_mutation
 from memplan.passes.rewrite import Lowered
 from memplan.planner.capture import CHECKPOINT_REGION
 from memplan.planner.granularity import allocated_bytes
@@ -67,7 +67,11 @@ def lower(
             raise UnsupportedModel(n.name, f"{n.op} nodes are not expected in an ATen joint graph")
     ids = {n: i for i, n in enumerate(fx_nodes)}
     outputs = pytree.arg_tree_leaves(*next(iter(joint.graph.find_nodes(op="output"))).args)
-    forward = _ancestors([o for o in outputs[:num_fwd_outputs] if isinstance(o, fx.Node)])
+    # The forward's mutations of its inputs (BatchNorm's running statistics, written in
+    # place, as torch.compile's Inductor backend has AOTAutograd keep them in the graph)
+    # read by no output: forward nodes all the same.
+    forward_outputs = [o for o in outputs[:num_fwd_outputs] if isinstance(o, fx.Node)]
+    forward = _ancestors(forward_outputs + forward_mutations(joint))
     # The outputs of a forward op are extracted in the forward even if only the backward
     # reads them: a tuple cannot be handed to the backward.
     forward |= {n for n in fx_nodes if n.target is operator.getitem and n.args[0] in forward}
@@ -194,11 +198,51 @@ def _aliased_owners(val: object, owner_of_storage: dict[StorageWeakRef, int]) ->
 
 
 def _mutated_inputs(joint: fx.GraphModule) -> set[fx.Node]:
-    """Placeholders the step mutates, from AOTAutograd's output descriptors."""
+    """Placeholders the step mutates: from AOTAutograd's output descriptors (a mutation it
+    applies after the graph) and the graph's own writes into them."""
     output = next(iter(joint.graph.find_nodes(op="output")))
     targets = [
         d.mutated_input
         for d in output.meta.get("desc") or ()
         if type(d).__name__ == "InputMutationAOTOutput"
     ]
-    return {n for n in joint.graph.find_nodes(op="placeholder") if n.meta.get("desc") in targets}
+    written = {n.args[0] for n in joint.graph.nodes if is_input_mutation(n)}
+    return {
+        n
+        for n in joint.graph.find_nodes(op="placeholder")
+        if n.meta.get("desc") in targets or n in written
+    }
+
+
+def forward_mutations(joint: fx.GraphModule) -> list[fx.Node]:
+    """The input mutations the forward makes: those that read no gradient."""
+    reading = _reading_gradients(joint)
+    return [n for n in joint.graph.nodes if is_input_mutation(n) and n not in reading]
+
+
+def write_inputs_early(joint: fx.GraphModule) -> None:
+    """Move each of the forward's writes into an input (BatchNorm's running statistics) to
+    just after the last forward op it must follow: what it writes, and every forward op
+    that reads the input. AOTAutograd writes them all after the forward's last op, so each
+    new value would be held to the end of the forward, and every layer's BatchNorm read
+    there: an edge from each block to the forward's end, which the chain solvers cannot
+    cut (ResNet at 70% had linear and chain_dp find no schedule within the budget)."""
+    reading = _reading_gradients(joint)
+    order = {n: i for i, n in enumerate(joint.graph.nodes)}
+    for write in forward_mutations(joint):
+        if write.users:
+            continue
+        target = write.args[0]
+        readers = [u for u in target.users if u is not write and u not in reading]
+        last = max([*write.all_input_nodes, *readers], key=order.__getitem__)
+        last.append(write)
+
+
+def _reading_gradients(joint: fx.GraphModule) -> set[fx.Node]:
+    """The nodes that read a gradient (a tangent), directly or through other nodes."""
+    reading: set[fx.Node] = set()
+    for n in joint.graph.nodes:  # in topological order
+        is_tangent = n.op == "placeholder" and _kind(n) is NodeKind.TANGENT
+        if is_tangent or any(a in reading for a in n.all_input_nodes):
+            reading.add(n)
+    return reading

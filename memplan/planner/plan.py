@@ -30,7 +30,7 @@ from memplan.planner.layout import (
     check_layout,
     lay_out,
 )
-from memplan.planner.lower import drop_checked_asserts, lower
+from memplan.planner.lower import drop_checked_asserts, lower, write_inputs_early
 from memplan.planner.options import PlanOptions
 from memplan.planner.plan_cache import cached_plan, plan_key, store_plan
 from memplan.planner.plan_file import Plan
@@ -313,6 +313,7 @@ class Partitioner:
     ) -> tuple[fx.GraphModule, fx.GraphModule]:
         drop_checked_asserts(joint)
         joint.graph.eliminate_dead_code()
+        write_inputs_early(joint)
         name = self.name if not self.plans else f"{self.name}.{len(self.plans)}"
         # A graph whose convolutions get inputs of another layout can be planned with the
         # copies inside the kernels, in the graph (passes/contiguous.py), or both ways.

@@ -194,8 +194,11 @@ def _materialise(
             # A multi-output op's result holds all its outputs until every one is taken
             # out of it: take them all at once, so that the result dies here and an output
             # nobody needs is freed at once instead of riding along until a later use.
+            # Those a recomputation does not make (BatchNorm's updated running statistics,
+            # passes/recompute.py) are the forward's alone.
             for child in carved.get(v, ()):
-                if child not in available:
+                runs_again = graph[child].recomputable or graph[child].is_backward
+                if child not in available and runs_again:
                     out.append(Compute(child))
                     available.add(child)
         else:
