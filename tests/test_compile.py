@@ -343,9 +343,9 @@ def test_batch_norm_statistics_are_updated_once_per_step_like_eager() -> None:
     """BatchNorm's running statistics are written in place inside the planned forward (as
     torch.compile's Inductor backend has AOTAutograd keep such writes in the graph): after
     two steps at 70% and at the least, where its normalizations are recomputed without
-    them, they are eager's, and each layer has counted two batches. Before the forward
-    kept those writes, the planner took them for backward nodes that no gradient drives
-    and dropped some (2-core CPU, 2026-11-30)."""
+    them, they are eager's, and each layer has counted two batches. No output reads such
+    a write: taken for a backward node, which the schedule runs only where a gradient
+    drives it, it was dropped (found while making the change, 2-core CPU, 2026-11-30)."""
     example = example_of("resnet")
     for budget in ("70%", LEAST):
         torch._dynamo.reset()
