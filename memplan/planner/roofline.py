@@ -110,8 +110,11 @@ _SMALL_OPS = frozenset(
      aten._softmax_backward_data.default, aten.arange.default, aten.arange.start,
      aten.lift_fresh_copy.default, aten.constant_pad_nd.default, aten.gather.default,
      aten.select_backward.default, aten.slice_backward.default,
-     aten.max_pool2d_with_indices.default, aten.max_pool2d_with_indices_backward.default}
+     aten.max_pool2d_with_indices.default, aten.max_pool2d_with_indices_backward.default,
+     aten.copy_.default}
 )  # fmt: skip
+# copy_: a write into an input kept in the graph (BatchNorm's running statistics); into
+# an existing buffer of its dtype it allocated nothing on CPU (16 B to 4 MiB, 2026-11-30).
 # convolution_backward: 3 x io, plus per sample, output channel and kernel tap the buffers
 # CPU's depthwise kernel was measured to hold (about 128 B each).
 _CONV_BACKWARD_RATIO = 3.0
