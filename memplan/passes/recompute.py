@@ -1,11 +1,11 @@
 """Which ops the rewrite can run again, and how: `can_recompute` is what lowering asks.
 
 Random ops (no RNG replay), side effects and non-ATen calls never run twice. The step's
-input mutations (BatchNorm's running statistics) are written at the forward's end, in the
-graph or by AOTAutograd after it, so a recomputation in the backward must not read those
-inputs either: a substitute computes the same outputs the backward reads without them
-(not the updated statistics, which only the forward writes), and ops without one are
-never recomputed.
+input mutations (BatchNorm's running statistics) are written in the forward, in the graph
+(after the last forward op that reads them) or by AOTAutograd after it, so a recomputation
+in the backward must not read those inputs either: a substitute computes the same
+outputs the backward reads without them (not the updated statistics, which only the
+forward writes), and ops without one are never recomputed.
 """
 
 from __future__ import annotations

@@ -132,8 +132,9 @@ def _forward_graph(
     for step in steps:
         joint_node = fx_nodes[step.node]
         if isinstance(step, Compute):
-            # A write into an input (BatchNorm's running statistics) ends the forward in
-            # the traced graph: an op run after it would read the new value.
+            # A write into an input (BatchNorm's running statistics) follows every forward
+            # op that reads the input (planner/lower.write_inputs_early): an op run after
+            # it would read the new value.
             stale = written.intersection(joint_node.all_input_nodes)
             if stale:
                 raise InvalidSchedule(

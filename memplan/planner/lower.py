@@ -71,7 +71,7 @@ def lower(
     # place, as torch.compile's Inductor backend has AOTAutograd keep them in the graph)
     # read by no output: forward nodes all the same.
     forward_outputs = [o for o in outputs[:num_fwd_outputs] if isinstance(o, fx.Node)]
-    forward = _ancestors(forward_outputs + forward_mutations(joint))
+    forward = _ancestors(forward_outputs + _forward_mutations(joint, _reading_gradients(joint)))
     # The outputs of a forward op are extracted in the forward even if only the backward
     # reads them: a tuple cannot be handed to the backward.
     forward |= {n for n in fx_nodes if n.target is operator.getitem and n.args[0] in forward}
@@ -214,9 +214,9 @@ def _mutated_inputs(joint: fx.GraphModule) -> set[fx.Node]:
     }
 
 
-def forward_mutations(joint: fx.GraphModule) -> list[fx.Node]:
-    """The input mutations the forward makes: those that read no gradient."""
-    reading = _reading_gradients(joint)
+def _forward_mutations(joint: fx.GraphModule, reading: set[fx.Node]) -> list[fx.Node]:
+    """The input mutations the forward makes: those not in `reading` (the nodes that read
+    a gradient, _reading_gradients)."""
     return [n for n in joint.graph.nodes if is_input_mutation(n) and n not in reading]
 
 
@@ -229,7 +229,7 @@ def write_inputs_early(joint: fx.GraphModule) -> None:
     cut (ResNet at 70% had linear and chain_dp find no schedule within the budget)."""
     reading = _reading_gradients(joint)
     order = {n: i for i, n in enumerate(joint.graph.nodes)}
-    for write in forward_mutations(joint):
+    for write in _forward_mutations(joint, reading):
         if write.users:
             continue
         target = write.args[0]
