@@ -115,6 +115,7 @@ def _memplan(budget: str, model: nn.Module, inputs: tuple[torch.Tensor, ...]) ->
         "budget": plan.asked,
         "predicted_peak": plan.peak,
         "recomputed": plan.counts()["recompute"],
+        "plan": "as written" if plan.solver == "as_written" else plan.solver,
     }
 
 
@@ -133,17 +134,19 @@ def section_text(saved: dict[str, Any]) -> str:
         "`torch.utils.checkpoint`. memplan's unplanned step is the step as written (the "
         "checkpointed blocks recomputed), simulated on the unfused graph; its budgets are "
         "shares of it, and its least a 1-byte budget planned best effort. Peak: the "
-        "allocator's, of a steady step; step time: the median of 5 steps.",
+        "allocator's, of a steady step; step time: the median of 5 steps. Plan: the "
+        "solver whose plan was kept, or the step as written, which the backend compiles "
+        "as one more round under the least (backends.MemplanBackend.compile).",
         "",
-        "| run | budget | predicted peak | measured peak | vs eager | step time | vs eager | "
-        "recomputed | max grad error |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| run | budget | plan | predicted peak | measured peak | vs eager | step time | "
+        "vs eager | recomputed | max grad error |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         planned = "budget" in r
         lines.append(
             f"| {r['run']} | {format_bytes(r['budget']) if planned else ''} | "
-            f"{format_bytes(r['predicted_peak']) if planned else ''} | "
+            f"{r.get('plan', '')} | {format_bytes(r['predicted_peak']) if planned else ''} | "
             f"{format_bytes(r['peak'])} | {r['peak'] / eager['peak']:.2f} | "
             f"{r['step_seconds'] * 1e3:.1f} ms | {r['step_seconds'] / eager['step_seconds']:.2f} | "
             f"{r['recomputed'] if planned else ''} | {r['max_grad_error']:.1e} |"

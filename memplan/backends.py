@@ -39,11 +39,10 @@ from memplan.errors import (
     InfeasibleBudgetWarning,
     MemplanError,
     MemplanWarning,
-    first_line,
 )
 from memplan.held_watch import GraphAgain, HeldWatch, WaitingCalls
 from memplan.planner.capture import boxed_runner
-from memplan.planner.compiled_peak import CompiledGraphs, compiled_peak
+from memplan.planner.compiled_peak import CompiledGraphs
 from memplan.planner.inductor_steps import (
     after_joint_passes,
     inductor_compile,
@@ -57,11 +56,13 @@ from memplan.planner.rounds import (
     LEAST_AIM,
     SAME_AIM,
     Round,
-    has_convolutions,
+    checked_round,
+    checkpoints_its_own,
     held_as_compiled,
     kept_round,
     layout_may_cost,
     least_peak_aim,
+    least_ways,
     lowered_in_vain,
     next_aim,
     replanned_note,
@@ -221,10 +222,11 @@ class MemplanBackend:
         where the check cannot run with it or where a convolution graph holds the budget
         only without it (layout_may_cost); the least-memory plan is the last tried where no
         round holds, and is followed by one round at its peak as compiled (_after_least):
-        under a budget below the least, only the lower least-memory round is. With
-        best_effort=False, where no round holds the budget, InfeasibleBudget names the
-        least peak as compiled found, and no plan is kept. The order and the reasons are
-        in docs/pipeline.md."""
+        under a budget below the least, only the lower least-memory round is. Where no
+        round holds, the step as the model is written (its own checkpointing) is compiled
+        too, the last round. With best_effort=False, where no round holds the budget,
+        InfeasibleBudget names the least peak as compiled found, and no plan is kept. The
+        order and the reasons are in docs/pipeline.md."""
         first = len(partitioner.plans)
         inner, held, checked = self.inner, None, False
         options, budget = partitioner.options, partitioner.budget
@@ -290,7 +292,7 @@ class MemplanBackend:
                     with warnings.catch_warnings():  # the first round's said them
                         warnings.simplefilter("ignore", MemplanWarning)
                         plain = self._aot(gm, example_inputs, partitioner, inner)
-                    rounds.append(self._checked(partitioner, start, *plain, inner, quiet=True))
+                    rounds.append(checked_round(partitioner, start, *plain, inner, quiet=True))
                     partitioner.options = aiming
                     if not planned_least:
                         self._more_rounds(gm, example_inputs, partitioner, rounds, target)
@@ -299,16 +301,31 @@ class MemplanBackend:
                 # for a peak above the least found, the other's would recompute less and
                 # seldom compile lower (on ResNet at its least, neither did), and a round
                 # is a whole compile. The rounds at a budget at the least an
-                # InfeasibleBudget names (_least_ways) follow each, so they find it again.
+                # InfeasibleBudget names (least_ways) follow each, so they find it again.
                 lowest = min(rounds, key=lambda r: r.plan.peak)
                 self._after_least(gm, example_inputs, partitioner, rounds, lowest)
             # Where no round held the budget, the least-memory plan is the last tried, with
             # the round after it: the least an InfeasibleBudget names (best_effort=False) is
             # the lowest peak of the rounds as compiled, so a budget at that least is held.
             if not planned_least and all(r.plan.peak > target for r in rounds):
-                for way in self._least_ways(partitioner, inner, layout_checked):
+                ways = least_ways(
+                    partitioner, inner, self.inner, self.without_layout, layout_checked
+                )
+                for way in ways:
                     if way not in least_tried:
                         self._add_round(gm, example_inputs, partitioner, rounds, way, LEAST_AIM)
+            # Where no round holds, the step as the model is written (its own
+            # checkpointing) is compiled too, planned at its own peak, which holds it.
+            # Ranked on the unfused graphs it can lose to the solvers' least-memory plan,
+            # yet compile lower: on six checkpointed blocks, the unfused GELUs'
+            # temporaries put it at 64.02 MiB, above greedy's least; as Inductor compiled
+            # them, it peaked at 54.03 MiB, as torch.compile's step does, and greedy's
+            # least at 56.03 MiB (benchmarks/own_checkpointing.py).
+            under_least = planned_least or all(r.plan.peak > target for r in rounds)
+            if under_least and partitioner.reuse is None and checkpoints_its_own(partitioner):
+                aim = rounds[0].plan.unplanned_peak
+                made = self._round(gm, example_inputs, partitioner, rounds, inner, aim, True)
+                rounds.extend([made] if made is not None else [])
         finally:
             partitioner.options, partitioner.budget = options, budget
         index = kept_round([r.plan for r in rounds], target)
@@ -384,13 +401,13 @@ class MemplanBackend:
         check cannot run with layout optimization, the graph compiled again without it and
         checked, its plan replacing the first."""
         again = self.without_layout is not None  # compiled again where the check fails
-        round_ = self._checked(partitioner, first, *compiled, self.inner, quiet=again)
+        round_ = checked_round(partitioner, first, *compiled, self.inner, quiet=again)
         if round_.plan.compiled_peak or self.without_layout is None:
             return [round_]
         inner = self.without_layout
         compiled, graphs = self._aot(gm, example_inputs, partitioner, inner)
         partitioner.keep_only(first, 1, partitioner.plans[first + 1])
-        return [self._checked(partitioner, first, compiled, graphs, inner)]
+        return [checked_round(partitioner, first, compiled, graphs, inner)]
 
     def _more_rounds(
         self,
@@ -475,13 +492,16 @@ class MemplanBackend:
         rounds: Sequence[Round],
         inner: Callable[..., Any],
         aim: int,
+        as_written: bool = False,
     ) -> Round | None:
-        """One more round of planning the graph, at `aim` bytes beyond what is resident,
-        compiled with `inner` and checked; the planner's warnings are not the user's. None,
-        without compiling, where the plan made is one of `rounds` compiled with `inner`:
-        its peak as compiled is that round's."""
+        """One more round of planning the graph, at `aim` bytes beyond what is resident
+        (`as_written`: the step as the model is written carried out instead, its peak the
+        aim), compiled with `inner` and checked; the planner's warnings are not the user's.
+        None, without compiling, where the plan made is one of `rounds` compiled with
+        `inner`: its peak as compiled is that round's."""
         partitioner.budget = Budget(bytes=aim + partitioner.resident.held)
         partitioner.compiled = [(r.way, r.schedule) for r in rounds if r.inner is inner]
+        partitioner.as_written = as_written
         start = len(partitioner.plans)
         try:
             with warnings.catch_warnings():
@@ -490,28 +510,12 @@ class MemplanBackend:
         except RepeatedPlan:
             return None
         finally:
-            partitioner.compiled = []
-        return self._checked(partitioner, start, compiled, graphs, inner)
+            partitioner.compiled, partitioner.as_written = [], False
+        return checked_round(partitioner, start, compiled, graphs, inner)
 
     def _layout_on(self, inner: Callable[..., Any]) -> bool:
         """Whether Inductor compiled with `inner` applies its layout optimization."""
         return inner is not self.without_layout and not self.layout_off_by_user
-
-    def _least_ways(
-        self, partitioner: Partitioner, inner: Callable[..., Any], layout_checked: bool
-    ) -> list[Callable[..., Any]]:
-        """The inner compilers to compile the least-memory plan with, where no round held
-        the budget: the rounds' own (`inner`) and, for a graph with convolutions whose
-        check could run with layout optimization, the other way of it. The least an
-        InfeasibleBudget names is the least peak as compiled of that plan and the round
-        after it (_after_least), with layout optimization or without it where that is
-        lower, while the rounds may have left layout optimization for
-        a plan it took over the budget: a budget at that least is held only if the least
-        plan is compiled both ways."""
-        both = self.without_layout is not None and layout_checked
-        if not both or not has_convolutions(partitioner):
-            return [inner]
-        return [self.inner, self.without_layout]
 
     def _aot(
         self,
@@ -548,38 +552,6 @@ class MemplanBackend:
                 keep_inference_input_mutations=True,
             )(gm, example_inputs)
         return compiled, inner if isinstance(inner, CompiledGraphs) else None
-
-    @staticmethod
-    def _checked(
-        partitioner: Partitioner,
-        index: int,
-        compiled: Callable[..., Any],
-        graphs: CompiledGraphs | None,
-        inner: Callable[..., Any],
-        quiet: bool = False,
-    ) -> Round:
-        """The round compiled with `inner`: its plan with the peak of what Inductor runs
-        (none where the check cannot run: said in a warning, unless `quiet`, where the
-        caller will compile the graph again)."""
-        plan, schedule = partitioner.plans[-1], partitioner.schedules[-1]
-        assert graphs is not None and len(partitioner.plans) == index + 1
-        device = partitioner.lowered[-1].device
-        try:
-            peak = compiled_peak(plan, graphs.graphs, device)
-        except Exception as error:  # a check that fails must not fail the user's compile
-            if quiet:
-                return Round(compiled, plan, inner, schedule)
-            warnings.warn(
-                f"{plan.name}: the peak of the graphs as Inductor compiled them could not "
-                f"be checked ({first_line(error)}); the prediction is the unfused graphs'",
-                MemplanWarning,
-                stacklevel=4,
-            )
-            return Round(compiled, plan, inner, schedule)
-        if plan.status == "best-effort":
-            # At the least, the least is what Inductor runs.
-            plan = dataclasses.replace(plan, budget=max(plan.budget, peak))
-        return Round(compiled, dataclasses.replace(plan, compiled_peak=peak), inner, schedule)
 
 
 def backend(

@@ -85,10 +85,12 @@ def plan_graph(
     device: str,
     fingerprint: str = "",
     reuse: Plan | None = None,
+    written: bool = False,
     resident: Resident = Resident(),
 ) -> tuple[Plan, Schedule]:
-    """Solve the graph for the budget (or re-apply `reuse`'s decisions) through the driver
-    (planner/solve.py), checked by the simulator, and lay its allocations out in one
+    """Solve the graph for the budget (or re-apply `reuse`'s decisions, or, `written`, carry
+    out the step as the model is written: a budget at its peak holds it) through the
+    driver (planner/solve.py), checked by the simulator, and lay its allocations out in one
     arena. `device` is where the step runs ("cpu", "cuda:0"); `resident` is what earlier
     graphs of the step hold (a share is then of the step's unplanned peak). Raises
     InfeasibleBudget with the least peak (in "arena" mode, the least arena) found when
@@ -97,6 +99,8 @@ def plan_graph(
     reference, unplanned = unplanned_step(graph, solver_options)
     asked = resident.budget_of(budget, unplanned.peak)
     reapplied = None if reuse is None else _reapply(graph, reuse, solver_options)
+    if written:
+        reapplied = reference
     solved = solve_within_budget(
         graph,
         asked,
@@ -113,9 +117,10 @@ def plan_graph(
         time_limit=_layout_seconds(options),
     )
     if options.fragmentation == "arena":
-        # A reused plan's decisions are fixed, and a best-effort plan is already at the
-        # least live peak found: their arenas are checked, not fitted.
-        fixed = reuse is not None or solved.result.status == "best-effort"
+        # A reused plan's decisions (or the step as written) are fixed, and a best-effort
+        # plan is already at the least live peak found: their arenas are checked, not
+        # fitted.
+        fixed = reapplied is not None or solved.result.status == "best-effort"
         solved, layout = _fit_arena(graph, solved, layout, options, solver_options, fixed)
     result, trace = solved.result, solved.trace
     assert result.schedule is not None
@@ -304,6 +309,9 @@ class Partitioner:
         # made and their schedule: one made again raises RepeatedPlan instead of being
         # rewritten (the torch.compile backend's rounds, backends.py).
         self.compiled: list[tuple[str, Schedule]] = []
+        # Carry out the step as the model is written instead of solving (a round of the
+        # backend's for a model with its own checkpointing, backends.py); never cached.
+        self.as_written = False
         self.plans: list[Plan] = []
         self.lowered: list[Lowered] = []
         self.schedules: list[Schedule] = []
@@ -447,7 +455,7 @@ class Partitioner:
             graph = self.before_solving(graph)
         lowered = dataclasses.replace(lowered, graph=graph)
         reuse, key = self.reuse, ""
-        if self.keep_plans and reuse is None:
+        if self.keep_plans and reuse is None and not self.as_written:
             key = plan_key(lowered.fingerprint, graph, budget, resident.held, self.options, device)
             reuse = cached_plan(key)
         try:
@@ -458,6 +466,7 @@ class Partitioner:
                 device=str(device),
                 fingerprint=lowered.fingerprint,
                 reuse=reuse,
+                written=self.as_written,
                 resident=resident,
             )
         except InfeasibleBudget as infeasible:

@@ -8,18 +8,22 @@ before: Partitioner.compiled); the fastest round within the budget is kept
 (`kept_round`). The least-memory plan, where it compiles above its prediction, is followed
 by one round planned for that peak (`least_peak_aim`); made for a budget under the unfused
 graphs' least, where it compiles within that budget, it holds it (`held_as_compiled`).
-backends.MemplanBackend runs them.
+Under the least, a model's own checkpointing, the step as written, is one more round
+(`checkpoints_its_own`). backends.MemplanBackend runs them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
+from memplan.errors import MemplanWarning, first_line
 from memplan.graph import Schedule
+from memplan.planner.compiled_peak import CompiledGraphs, compiled_peak
 from memplan.planner.plan import Partitioner
 from memplan.planner.plan_file import Plan
 from memplan.units import format_bytes
@@ -54,6 +58,38 @@ class Round:
         return str(self.plan.options["convolution_copies"])
 
 
+def checked_round(
+    partitioner: Partitioner,
+    index: int,
+    compiled: Callable[..., Any],
+    graphs: CompiledGraphs | None,
+    inner: Callable[..., Any],
+    quiet: bool = False,
+) -> Round:
+    """The round compiled with `inner` (the graph's plan number `index`): its plan with the
+    peak of what Inductor runs (none where the check cannot run: said in a warning, unless
+    `quiet`, where the caller will compile the graph again)."""
+    plan, schedule = partitioner.plans[-1], partitioner.schedules[-1]
+    assert graphs is not None and len(partitioner.plans) == index + 1
+    device = partitioner.lowered[-1].device
+    try:
+        peak = compiled_peak(plan, graphs.graphs, device)
+    except Exception as error:  # a check that fails must not fail the user's compile
+        if quiet:
+            return Round(compiled, plan, inner, schedule)
+        warnings.warn(
+            f"{plan.name}: the peak of the graphs as Inductor compiled them could not "
+            f"be checked ({first_line(error)}); the prediction is the unfused graphs'",
+            MemplanWarning,
+            stacklevel=4,
+        )
+        return Round(compiled, plan, inner, schedule)
+    if plan.status == "best-effort":
+        # At the least, the least is what Inductor runs.
+        plan = dataclasses.replace(plan, budget=max(plan.budget, peak))
+    return Round(compiled, dataclasses.replace(plan, compiled_peak=peak), inner, schedule)
+
+
 def layout_may_cost(partitioner: Partitioner, plans: Sequence[Plan], target: int) -> bool:
     """Whether a graph Inductor compiled with its layout optimization may hold its budget
     only without it: it has convolutions (the only graphs the optimization changes), and
@@ -71,17 +107,44 @@ def has_convolutions(partitioner: Partitioner) -> bool:
     return bool(joint.find_nodes(op="call_function", target=torch.ops.aten.convolution.default))
 
 
+def checkpoints_its_own(partitioner: Partitioner) -> bool:
+    """Whether the graph last planned has ops its model's own activation checkpointing
+    recomputes (Node.checkpointed): its step as written is then a plan of its own."""
+    return any(node.checkpointed for node in partitioner.lowered[-1].graph)
+
+
+def least_ways(
+    partitioner: Partitioner,
+    inner: Callable[..., Any],
+    with_layout: Callable[..., Any],
+    without_layout: Callable[..., Any] | None,
+    layout_checked: bool,
+) -> list[Callable[..., Any]]:
+    """The inner compilers to compile the least-memory plan with, where no round held the
+    budget: the rounds' own (`inner`) and, for a graph with convolutions whose check could
+    run with layout optimization (`with_layout`), the other way of it (`without_layout`).
+    The least an InfeasibleBudget names is the least peak as compiled of that plan and the
+    round after it (MemplanBackend._after_least), with layout optimization or without it
+    where that is lower, while the rounds may have left layout optimization for a plan it
+    took over the budget: a budget at that least is held only if the least plan is
+    compiled both ways."""
+    if without_layout is None or not layout_checked or not has_convolutions(partitioner):
+        return [inner]
+    return [with_layout, without_layout]
+
+
 def replanned_note(plan: Plan, target: int, least_sought: bool) -> str:
     """What a plan made at a budget moved from `target` says of itself (a least-memory
     round's planner note, of a budget under its least, is not the user's). Where the budget
     asked is under the graph's least (`least_sought`), the rounds sought its least peak as
     compiled, and `target` is no budget of the user's."""
     if least_sought:
-        how = (
-            "the least-memory plan"
-            if plan.status == "best-effort"
-            else f"planned at {format_bytes(plan.requested_budget)}"
-        )
+        if plan.solver == "as_written":
+            how = "the step as the model is written"
+        elif plan.status == "best-effort":
+            how = "the least-memory plan"
+        else:
+            how = f"planned at {format_bytes(plan.requested_budget)}"
         return f"{how}: the least peak of the graphs as Inductor compiled them"
     within = f"so that the graphs as Inductor compiled them peak within {format_bytes(target)}"
     if plan.status == "best-effort":
