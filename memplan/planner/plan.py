@@ -89,18 +89,18 @@ def plan_graph(
     resident: Resident = Resident(),
 ) -> tuple[Plan, Schedule]:
     """Solve the graph for the budget (or re-apply `reuse`'s decisions, or, `written`, carry
-    out the step as the model is written: a budget at its peak holds it) through the
-    driver (planner/solve.py), checked by the simulator, and lay its allocations out in one
-    arena. `device` is where the step runs ("cpu", "cuda:0"); `resident` is what earlier
-    graphs of the step hold (a share is then of the step's unplanned peak). Raises
-    InfeasibleBudget with the least peak (in "arena" mode, the least arena) found when
-    nothing fits."""
+    out the step as the model is written, held to its own peak whatever the budget)
+    through the driver (planner/solve.py), checked by the simulator, and lay its
+    allocations out in one arena. `device` is where the step runs ("cpu", "cuda:0");
+    `resident` is what earlier graphs of the step hold (a share is then of the step's
+    unplanned peak). Raises InfeasibleBudget with the least peak (in "arena" mode, the
+    least arena) found when nothing fits."""
     solver_options = options.solver_options(device.split(":")[0])
     reference, unplanned = unplanned_step(graph, solver_options)
     asked = resident.budget_of(budget, unplanned.peak)
     reapplied = None if reuse is None else _reapply(graph, reuse, solver_options)
-    if written:
-        reapplied = reference
+    if written:  # each way of a graph's convolution copies has a peak of its own
+        reapplied, asked = reference, unplanned.peak
     solved = solve_within_budget(
         graph,
         asked,

@@ -138,8 +138,9 @@ def replanned_note(plan: Plan, target: int, least_sought: bool) -> str:
     round's planner note, of a budget under its least, is not the user's). Where the budget
     asked is under the graph's least (`least_sought`), the rounds sought its least peak as
     compiled, and `target` is no budget of the user's."""
+    written = plan.solver == "as_written"  # the round of a model's own checkpointing
     if least_sought:
-        if plan.solver == "as_written":
+        if written:
             how = "the step as the model is written"
         elif plan.status == "best-effort":
             how = "the least-memory plan"
@@ -147,8 +148,9 @@ def replanned_note(plan: Plan, target: int, least_sought: bool) -> str:
             how = f"planned at {format_bytes(plan.requested_budget)}"
         return f"{how}: the least peak of the graphs as Inductor compiled them"
     within = f"so that the graphs as Inductor compiled them peak within {format_bytes(target)}"
-    if plan.status == "best-effort":
-        return f"the least-memory plan, {within}"
+    if plan.status == "best-effort" or written:
+        plan_kind = "the step as the model is written" if written else "the least-memory plan"
+        return f"{plan_kind}, {within}"
     said = f"{plan.note}; " if plan.note else ""
     return f"{said}planned at {format_bytes(plan.requested_budget)} {within}"
 
