@@ -325,7 +325,8 @@ class MemplanBackend:
             if under_least and partitioner.reuse is None and checkpoints_its_own(partitioner):
                 aim = rounds[0].plan.unplanned_peak
                 made = self._round(gm, example_inputs, partitioner, rounds, inner, aim, True)
-                rounds.extend([made] if made is not None else [])
+                if made is not None:
+                    rounds.append(made)
         finally:
             partitioner.options, partitioner.budget = options, budget
         index = kept_round([r.plan for r in rounds], target)

@@ -8,8 +8,8 @@ before: Partitioner.compiled); the fastest round within the budget is kept
 (`kept_round`). The least-memory plan, where it compiles above its prediction, is followed
 by one round planned for that peak (`least_peak_aim`); made for a budget under the unfused
 graphs' least, where it compiles within that budget, it holds it (`held_as_compiled`).
-Under the least, a model's own checkpointing, the step as written, is one more round
-(`checkpoints_its_own`). backends.MemplanBackend runs them.
+Where no round holds the budget, a model's own checkpointing, the step as written, is one
+more round (`checkpoints_its_own`). backends.MemplanBackend runs them.
 """
 
 from __future__ import annotations
@@ -138,19 +138,20 @@ def replanned_note(plan: Plan, target: int, least_sought: bool) -> str:
     round's planner note, of a budget under its least, is not the user's). Where the budget
     asked is under the graph's least (`least_sought`), the rounds sought its least peak as
     compiled, and `target` is no budget of the user's."""
-    written = plan.solver == "as_written"  # the round of a model's own checkpointing
+    # The plans named by what they are: the round of a model's own checkpointing, and
+    # the least-memory plan; any other by the budget it was planned at.
+    if plan.solver == "as_written":
+        kind = "the step as the model is written"
+    elif plan.status == "best-effort":
+        kind = "the least-memory plan"
+    else:
+        kind = ""
     if least_sought:
-        if written:
-            how = "the step as the model is written"
-        elif plan.status == "best-effort":
-            how = "the least-memory plan"
-        else:
-            how = f"planned at {format_bytes(plan.requested_budget)}"
+        how = kind or f"planned at {format_bytes(plan.requested_budget)}"
         return f"{how}: the least peak of the graphs as Inductor compiled them"
     within = f"so that the graphs as Inductor compiled them peak within {format_bytes(target)}"
-    if plan.status == "best-effort" or written:
-        plan_kind = "the step as the model is written" if written else "the least-memory plan"
-        return f"{plan_kind}, {within}"
+    if kind:
+        return f"{kind}, {within}"
     said = f"{plan.note}; " if plan.note else ""
     return f"{said}planned at {format_bytes(plan.requested_budget)} {within}"
 
