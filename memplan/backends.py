@@ -40,7 +40,7 @@ from memplan.errors import (
     MemplanError,
     MemplanWarning,
 )
-from memplan.held_watch import GraphAgain, HeldWatch, WaitingCalls
+from memplan.held_watch import GraphAgain, HeldWatch, WaitingCalls, make_room, resident_before
 from memplan.planner.capture import boxed_runner
 from memplan.planner.compiled_peak import CompiledGraphs
 from memplan.planner.inductor_steps import (
@@ -49,7 +49,7 @@ from memplan.planner.inductor_steps import (
     inductor_decompositions,
 )
 from memplan.planner.options import PlanOptions
-from memplan.planner.plan import Partitioner, RepeatedPlan, Resident, say_again
+from memplan.planner.plan import Partitioner, RepeatedPlan, say_again
 from memplan.planner.plan_file import Plan
 from memplan.planner.rounds import (
     INDUCTOR_ROUNDS,
@@ -144,6 +144,7 @@ class MemplanBackend:
         self._graphs_of: dict[object, int] = {}  # graphs so far per Dynamo compile id
         # Calls of the graphs whose backward has not run, for what they hold (held_watch.py).
         self.waiting = WaitingCalls()
+        self.watches: dict[StepKey, HeldWatch] = {}  # the step's graphs' watches, by key
 
     @property
     def predicted_step_peak(self) -> int:
@@ -168,7 +169,7 @@ class MemplanBackend:
         )
         partitioner.sizes = signature_of(symbols, example_inputs)
         key = self._graph_key(example_inputs)
-        partitioner.resident = self._resident_before(key)
+        partitioner.resident = resident_before(self.step, key)
         compiled = self.compile(gm, example_inputs, partitioner)
         if not partitioner.plans:  # no backward: nothing planned
             return compiled
@@ -177,6 +178,9 @@ class MemplanBackend:
             compiled = ShapeDispatch(self, gm, symbols, partitioner, compiled)
         again = None if symbols else GraphAgain(self, gm, key, name, partitioner.resident)
         watch = HeldWatch(compiled, plan, self.waiting, again)
+        if again is not None:
+            self.watches[key] = watch
+            make_room(self.watches, self.step, key)
         # Dynamo runs what a backend returns inside the compiled frame: not to be traced.
         return torch._dynamo.disable(watch, reason="memplan checks what the step holds")
 
@@ -194,20 +198,8 @@ class MemplanBackend:
         """Forget the step: torch._dynamo.reset() calls it (through torch.compile's
         wrapper), and Dynamo then numbers its frames and compiles from 0 again."""
         self.step.clear()
+        self.watches.clear()
         self._graphs_of.clear()
-
-    def _resident_before(self, key: StepKey) -> Resident:
-        """What the graphs of the step compiled before graph `key` first was hold."""
-        earlier = []
-        for seen, plan in self.step.items():
-            if seen == key:
-                break
-            earlier.append(plan)
-        return Resident(
-            held=sum(p.held for p in earlier),
-            unplanned_held=sum(p.unplanned_held for p in earlier),
-            unplanned_step_peak=max((p.unplanned_step_peak for p in earlier), default=0),
-        )
 
     def compile(
         self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], partitioner: Partitioner

@@ -17,11 +17,18 @@ least-memory plan (`HeldWatch._least_for_now`: the step's count of calls is know
 when it ends), and at the graph's first call of the next step the graph is planned again
 for them (`GraphAgain`, `HeldWatch._plan_again`), once. What runs outside the compiled
 graphs is not seen.
+
+Across graph breaks the graphs are planned in the order Dynamo compiles them, and an
+earlier graph knows nothing of the later ones: it can keep so much for its backward that
+a later graph is left under its least (`make_room`). The graphs before it are then planned
+again at their next step with the later graph's peak taken as resident, once, and the
+later graph after them, for what they then hold.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import warnings
 import weakref
 from collections.abc import Callable, Hashable, Iterable
@@ -213,10 +220,15 @@ class GraphAgain:
             compiled = self.backend.compile(self.gm, args, partitioner)
         return compiled, self.backend.plans.pop()
 
-    def keep(self, plan: Plan, in_step: bool = True) -> None:
-        """`plan` among the backend's plans and, where `in_step`, as the graph's plan in
-        the step."""
-        self.backend.plans.append(plan)
+    def resident_now(self) -> Resident:
+        """What the step's graphs compiled before this one hold under their plans now."""
+        return resident_before(self.backend.step, self.key)
+
+    def keep(self, plan: Plan, in_step: bool = True, in_plans: bool = True) -> None:
+        """`plan` among the backend's plans (where `in_plans`) and, where `in_step`, as
+        the graph's plan in the step."""
+        if in_plans:
+            self.backend.plans.append(plan)
         if in_step:
             self.backend.step[self.key] = plan
 
@@ -244,14 +256,22 @@ class HeldWatch:
         self.checked_steps = 0
         self.checked = False  # whether a call of this step found earlier calls waiting
         self.worst: Held | None = None  # the most held beyond what the plan allowed for
+        # Set by make_room: what to plan again for at the graph's next step, once (the
+        # room a later graph needs, or what the graphs before hold after making room).
+        self.room: Resident | None = None
+        self.refresh = False
 
     def __call__(self, *args: Any) -> Any:
         # AOTAutograd's boxed convention hands one list of arguments (and empties it).
         flat = args[0] if len(args) == 1 and isinstance(args[0], list) else args
         # DDP's optimizer runs the compiled graphs on fake tensors while it compiles: no
         # call of the step, and no storage to read.
-        checking = self.checked_steps < CHECKED_STEPS and not _fake(flat)
-        if checking and not self.waiting.waiting_of(self):  # a step of this graph begins
+        real = not _fake(flat)
+        checking = self.checked_steps < CHECKED_STEPS and real
+        begins = real and not self.waiting.waiting_of(self)  # a step of this graph begins
+        if begins and (self.room is not None or self._to_refresh()):
+            self._leave_room(list(flat))
+        if checking and begins:
             if self.checked and self.worst is None:
                 self.checked_steps += 1
             self.checked = False
@@ -266,6 +286,38 @@ class HeldWatch:
         if checking:
             self.waiting.add(outputs, self.running, self)
         return outputs
+
+    def _to_refresh(self) -> bool:
+        """Whether the graph waits to be planned again for what the graphs before it hold,
+        and they now hold other than it was planned with (they made room)."""
+        again = self.again
+        return self.refresh and again is not None and again.resident_now() != again.resident
+
+    def _leave_room(self, args: list[Any]) -> None:
+        """The graph planned again, once (make_room): with the room a later graph needs
+        taken as resident, kept where it holds less for its backward; or for what the
+        graphs before it hold now that they left room, kept where it peaks no higher than
+        the plan it had or within its budget (else that plan stays, with what they hold)."""
+        again, room = self.again, self.room
+        self.again, self.room, self.refresh = None, None, False
+        if again is None:
+            return
+        if room is None:
+            again.resident = again.resident_now()
+            why = f"with {format_bytes(again.resident.held)} held"
+        else:
+            why = f"leaving {format_bytes(room.held - again.resident.held)} for later graphs"
+        compiled, plan = again.plan(args, room or again.resident, why)
+        if room is not None and plan.held >= self.plan.held:
+            return
+        made = room is not None or plan.peak <= max(self.plan.peak, plan.asked)
+        if not made:
+            compiled, plan = self.compiled, self.plan
+        # Resident: what the graphs before hold (the room is a later graph's, not
+        # resident while this one runs).
+        plan = dataclasses.replace(plan, resident=again.resident.held)
+        again.keep(plan, in_plans=made)
+        self.compiled, self.plan, self.running = compiled, plan, plan
 
     def _least_for_now(self, args: list[Any], held: Held) -> None:
         """The graph's least-memory plan (planned with all of the step's budget taken as
@@ -355,3 +407,43 @@ class HeldWatch:
                 low = middle
         again.keep(plan)
         self.compiled, self.plan, self.running = compiled, plan, plan
+
+
+def resident_before(step: dict[Any, Plan], key: Hashable) -> Resident:
+    """What the graphs of `step` (backends.MemplanBackend.step) compiled before graph `key`
+    first was hold."""
+    earlier = []
+    for seen, plan in step.items():
+        if seen == key:
+            break
+        earlier.append(plan)
+    return Resident(
+        held=sum(p.held for p in earlier),
+        unplanned_held=sum(p.unplanned_held for p in earlier),
+        unplanned_step_peak=max((p.unplanned_step_peak for p in earlier), default=0),
+    )
+
+
+def make_room(watches: dict[Any, HeldWatch], step: dict[Any, Plan], key: Hashable) -> None:
+    """Where graph `key`'s plan peaks over what the graphs before it left of the step's
+    budget, though within the budget alone, each graph before it is planned again at its
+    next step (its watch in `watches`) with the later graph's peak, and what the graphs
+    between them hold, taken as resident beyond its own; and graph `key` after them, for
+    what they then hold. Once per graph: a graph planned again is not planned again."""
+    plan = step[key]
+    if plan.peak <= plan.asked or plan.peak > plan.asked + plan.resident:
+        return
+    earlier = list(itertools.takewhile(lambda seen: seen != key, step))
+    between = 0
+    for seen in reversed(earlier):
+        watch = watches.get(seen)
+        if watch is not None and watch.again is not None and watch.room is None:
+            before = watch.again.resident
+            watch.room = dataclasses.replace(
+                before,
+                held=before.held + between + plan.peak,
+                unplanned_step_peak=max(before.unplanned_step_peak, plan.unplanned_step_peak),
+            )
+        between += step[seen].held
+    if key in watches:
+        watches[key].refresh = True
