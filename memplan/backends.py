@@ -178,7 +178,9 @@ class MemplanBackend:
             compiled = ShapeDispatch(self, gm, symbols, partitioner, compiled)
         again = None if symbols else GraphAgain(self, gm, key, name, partitioner.resident)
         watch = HeldWatch(compiled, plan, self.waiting, again)
-        if again is not None:
+        if again is None:  # a graph of symbolic sizes is not planned again for the step
+            self.watches.pop(key, None)
+        else:
             self.watches[key] = watch
             make_room(self.watches, self.step, key)
         # Dynamo runs what a backend returns inside the compiled frame: not to be traced.

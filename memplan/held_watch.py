@@ -22,7 +22,8 @@ Across graph breaks the graphs are planned in the order Dynamo compiles them, an
 earlier graph knows nothing of the later ones: it can keep so much for its backward that
 a later graph is left under its least (`make_room`). The graphs before it are then planned
 again at their next step with the later graph's peak taken as resident, once, and the
-later graph after them, for what they then hold.
+graphs after one whose plan changed, for what the graphs before them then hold
+(`HeldWatch._plan_for_the_step`).
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ VIEW_DEPTH = 4
 # share) the bounds may come before the bisection stops.
 FIXED_POINT_ROUNDS = 3
 SAME_HELD = 0.05
+# How far (a share of the step's budget) a graph may peak over what the graphs before it
+# left before they are planned again to make room: each of them is compiled again.
+ROOM_SLACK = 0.01
 
 
 @dataclass
@@ -191,6 +195,7 @@ class Backend(Planner, Protocol):
 
     plans: list[Plan]
     step: dict[Any, Plan]  # by each graph's place in the step (backends.StepKey)
+    watches: dict[Any, HeldWatch]  # the same graphs' watches
 
 
 @dataclass
@@ -224,6 +229,21 @@ class GraphAgain:
         """What the step's graphs compiled before this one hold under their plans now."""
         return resident_before(self.backend.step, self.key)
 
+    def held_between(self, later: Hashable) -> int:
+        """What the step's graphs between this one and graph `later` hold now."""
+        keys = list(self.backend.step)
+        between = keys[keys.index(self.key) + 1 : keys.index(later)]
+        return sum(self.backend.step[key].held for key in between)
+
+    def refresh_later(self) -> None:
+        """Have the step's graphs after this one planned again, at their next step, for
+        what the graphs before them then hold."""
+        keys = list(self.backend.step)
+        for key in keys[keys.index(self.key) + 1 :]:
+            watch = self.backend.watches.get(key)
+            if watch is not None:
+                watch.refresh = True
+
     def keep(self, plan: Plan, in_step: bool = True, in_plans: bool = True) -> None:
         """`plan` among the backend's plans (where `in_plans`) and, where `in_step`, as
         the graph's plan in the step."""
@@ -256,9 +276,11 @@ class HeldWatch:
         self.checked_steps = 0
         self.checked = False  # whether a call of this step found earlier calls waiting
         self.worst: Held | None = None  # the most held beyond what the plan allowed for
-        # Set by make_room: what to plan again for at the graph's next step, once (the
-        # room a later graph needs, or what the graphs before hold after making room).
-        self.room: Resident | None = None
+        # Across graph breaks (make_room): the later graph to leave room for at the
+        # graph's next step (once: `made_room`), and whether the graphs before it changed
+        # what they hold, to be planned again for at its next step.
+        self.room_for: Hashable | None = None
+        self.made_room = False
         self.refresh = False
 
     def __call__(self, *args: Any) -> Any:
@@ -268,10 +290,10 @@ class HeldWatch:
         # call of the step, and no storage to read.
         real = not _fake(flat)
         checking = self.checked_steps < CHECKED_STEPS and real
-        begins = real and not self.waiting.waiting_of(self)  # a step of this graph begins
-        if begins and (self.room is not None or self._to_refresh()):
-            self._leave_room(list(flat))
-        if checking and begins:
+        pending = self.room_for is not None or self.refresh
+        if pending and real and self.again is not None and not self.waiting.waiting_of(self):
+            self._plan_for_the_step(list(flat), self.again)
+        if checking and not self.waiting.waiting_of(self):  # a step of this graph begins
             if self.checked and self.worst is None:
                 self.checked_steps += 1
             self.checked = False
@@ -287,37 +309,46 @@ class HeldWatch:
             self.waiting.add(outputs, self.running, self)
         return outputs
 
-    def _to_refresh(self) -> bool:
-        """Whether the graph waits to be planned again for what the graphs before it hold,
-        and they now hold other than it was planned with (they made room)."""
-        again = self.again
-        return self.refresh and again is not None and again.resident_now() != again.resident
-
-    def _leave_room(self, args: list[Any]) -> None:
-        """The graph planned again, once (make_room): with the room a later graph needs
-        taken as resident, kept where it holds less for its backward; or for what the
-        graphs before it hold now that they left room, kept where it peaks no higher than
-        the plan it had or within its budget (else that plan stays, with what they hold)."""
-        again, room = self.again, self.room
-        self.again, self.room, self.refresh = None, None, False
-        if again is None:
+    def _plan_for_the_step(self, args: list[Any], again: GraphAgain) -> None:
+        """The graph planned again across graph breaks (make_room), for what the graphs
+        before it hold now: with the room graph `room_for` needs (its peak, and what the
+        graphs between hold) taken as resident too, kept where it holds less for its
+        backward; else (`refresh`), kept where it peaks no higher than the plan it had or
+        within its budget, that plan staying otherwise. Where what it holds changed, the
+        graphs after it are planned again in turn."""
+        later, self.room_for, self.refresh = self.room_for, None, False
+        now = again.resident_now()
+        if later is None and now == again.resident:
             return
-        if room is None:
-            again.resident = again.resident_now()
-            why = f"with {format_bytes(again.resident.held)} held"
+        again.resident = now
+        if later is None:
+            room = now
+            why = f"with {format_bytes(now.held)} held"
         else:
-            why = f"leaving {format_bytes(room.held - again.resident.held)} for later graphs"
-        compiled, plan = again.plan(args, room or again.resident, why)
-        if room is not None and plan.held >= self.plan.held:
-            return
-        made = room is not None or plan.peak <= max(self.plan.peak, plan.asked)
+            self.made_room = True
+            later_plan = again.backend.step[later]
+            room = dataclasses.replace(
+                now,
+                held=now.held + again.held_between(later) + later_plan.peak,
+                unplanned_step_peak=max(now.unplanned_step_peak, later_plan.unplanned_step_peak),
+            )
+            why = f"leaving {format_bytes(room.held - now.held)} for later graphs"
+        compiled, plan = again.plan(args, room, why)
+        if later is None:
+            made = plan.peak <= max(self.plan.peak, plan.asked)
+        else:
+            made = plan.held < self.plan.held
         if not made:
             compiled, plan = self.compiled, self.plan
+        held_before = self.plan.held
         # Resident: what the graphs before hold (the room is a later graph's, not
         # resident while this one runs).
-        plan = dataclasses.replace(plan, resident=again.resident.held)
+        plan = dataclasses.replace(plan, resident=now.held)
         again.keep(plan, in_plans=made)
         self.compiled, self.plan, self.running = compiled, plan, plan
+        self.checked_steps = 0  # its calls are checked again
+        if plan.held != held_before:
+            again.refresh_later()
 
     def _least_for_now(self, args: list[Any], held: Held) -> None:
         """The graph's least-memory plan (planned with all of the step's budget taken as
@@ -426,24 +457,14 @@ def resident_before(step: dict[Any, Plan], key: Hashable) -> Resident:
 
 def make_room(watches: dict[Any, HeldWatch], step: dict[Any, Plan], key: Hashable) -> None:
     """Where graph `key`'s plan peaks over what the graphs before it left of the step's
-    budget, though within the budget alone, each graph before it is planned again at its
-    next step (its watch in `watches`) with the later graph's peak, and what the graphs
-    between them hold, taken as resident beyond its own; and graph `key` after them, for
-    what they then hold. Once per graph: a graph planned again is not planned again."""
+    budget (by more than ROOM_SLACK of it), though within the budget alone, each graph
+    before it (its watch in `watches`) leaves room for it at its next step, once
+    (HeldWatch._plan_for_the_step)."""
     plan = step[key]
-    if plan.peak <= plan.asked or plan.peak > plan.asked + plan.resident:
+    step_budget = plan.asked + plan.resident
+    if plan.peak - plan.asked <= ROOM_SLACK * step_budget or plan.peak > step_budget:
         return
-    earlier = list(itertools.takewhile(lambda seen: seen != key, step))
-    between = 0
-    for seen in reversed(earlier):
+    for seen in itertools.takewhile(lambda seen: seen != key, step):
         watch = watches.get(seen)
-        if watch is not None and watch.again is not None and watch.room is None:
-            before = watch.again.resident
-            watch.room = dataclasses.replace(
-                before,
-                held=before.held + between + plan.peak,
-                unplanned_step_peak=max(before.unplanned_step_peak, plan.unplanned_step_peak),
-            )
-        between += step[seen].held
-    if key in watches:
-        watches[key].refresh = True
+        if watch is not None and watch.again is not None and not watch.made_room:
+            watch.room_for = key
