@@ -231,8 +231,8 @@ class GraphAgain:
 
     def held_between(self, later: Hashable) -> int:
         """What the step's graphs between this one and graph `later` hold now."""
-        keys = list(self.backend.step)
-        between = keys[keys.index(self.key) + 1 : keys.index(later)]
+        before_later = keys_before(self.backend.step, later)
+        between = before_later[before_later.index(self.key) + 1 :]
         return sum(self.backend.step[key].held for key in between)
 
     def refresh_later(self) -> None:
@@ -333,6 +333,7 @@ class HeldWatch:
                 unplanned_step_peak=max(now.unplanned_step_peak, later_plan.unplanned_step_peak),
             )
             why = f"leaving {format_bytes(room.held - now.held)} for later graphs"
+        held_before = self.plan.held
         compiled, plan = again.plan(args, room, why)
         if later is None:
             made = plan.peak <= max(self.plan.peak, plan.asked)
@@ -340,7 +341,6 @@ class HeldWatch:
             made = plan.held < self.plan.held
         if not made:
             compiled, plan = self.compiled, self.plan
-        held_before = self.plan.held
         # Resident: what the graphs before hold (the room is a later graph's, not
         # resident while this one runs).
         plan = dataclasses.replace(plan, resident=now.held)
@@ -440,14 +440,16 @@ class HeldWatch:
         self.compiled, self.plan, self.running = compiled, plan, plan
 
 
+def keys_before(step: dict[Any, Plan], key: Hashable) -> list[Hashable]:
+    """The graphs of `step` (backends.MemplanBackend.step) compiled before graph `key`
+    first was, in the step's order."""
+    return list(itertools.takewhile(lambda seen: seen != key, step))
+
+
 def resident_before(step: dict[Any, Plan], key: Hashable) -> Resident:
     """What the graphs of `step` (backends.MemplanBackend.step) compiled before graph `key`
     first was hold."""
-    earlier = []
-    for seen, plan in step.items():
-        if seen == key:
-            break
-        earlier.append(plan)
+    earlier = [step[seen] for seen in keys_before(step, key)]
     return Resident(
         held=sum(p.held for p in earlier),
         unplanned_held=sum(p.unplanned_held for p in earlier),
@@ -464,7 +466,7 @@ def make_room(watches: dict[Any, HeldWatch], step: dict[Any, Plan], key: Hashabl
     step_budget = plan.asked + plan.resident
     if plan.peak - plan.asked <= ROOM_SLACK * step_budget or plan.peak > step_budget:
         return
-    for seen in itertools.takewhile(lambda seen: seen != key, step):
+    for seen in keys_before(step, key):
         watch = watches.get(seen)
         if watch is not None and watch.again is not None and not watch.made_room:
             watch.room_for = key
