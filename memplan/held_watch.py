@@ -466,7 +466,22 @@ def make_room(watches: dict[Any, HeldWatch], step: dict[Any, Plan], key: Hashabl
     step_budget = plan.asked + plan.resident
     if plan.peak - plan.asked <= ROOM_SLACK * step_budget or plan.peak > step_budget:
         return
-    for seen in keys_before(step, key):
-        watch = watches.get(seen)
-        if watch is not None and watch.again is not None and not watch.made_room:
-            watch.room_for = key
+    making = [
+        seen
+        for seen in keys_before(step, key)
+        if (watch := watches.get(seen)) is not None
+        and watch.again is not None
+        and not watch.made_room
+    ]
+    for seen in making:
+        watches[seen].room_for = key
+    if making:  # the user sees this step over the budget, and why the next differs
+        names = ", ".join(step[seen].name for seen in making)
+        warnings.warn(
+            f"{plan.name}: with what the graphs before it hold, the step peaks at "
+            f"{format_bytes(plan.step_peak)}, {format_bytes(plan.peak - plan.asked)} "
+            f"above its budget of {format_bytes(step_budget)}: at the next step {names} "
+            "will be planned again to leave it room",
+            MemplanWarning,
+            stacklevel=3,
+        )
