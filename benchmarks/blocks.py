@@ -1,10 +1,12 @@
-"""The block the benchmarks of blocks share: two layers with GELUs, a module of its own
-(Dynamo skips a bare nn.Sequential compiled alone)."""
+"""The blocks the benchmarks of blocks share: two layers with GELUs, a module of its own
+(Dynamo skips a bare nn.Sequential compiled alone), and parts of checkpointed blocks with
+graph breaks between them."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 
 class Block(nn.Module):
@@ -16,3 +18,34 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return nn.functional.gelu(self.second(nn.functional.gelu(self.first(x))))
+
+
+class CheckpointedParts(nn.Module):
+    """Two or four parts of `blocks` blocks each, every block checkpointed, with a graph
+    break between each two parts, and a 10-class head with the loss inside."""
+
+    def __init__(self, parts: int = 2, width: int = 256, blocks: int = 3) -> None:
+        super().__init__()
+        if parts not in (2, 4):
+            raise ValueError(f"CheckpointedParts has 2 or 4 parts, not {parts}")
+        self.parts = nn.ModuleList(
+            nn.ModuleList(Block(width) for _ in range(blocks)) for _ in range(parts)
+        )
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        # Written out: a graph break inside a loop makes Dynamo run the whole frame eagerly.
+        x = self.part(0, x)
+        torch._dynamo.graph_break()
+        x = self.part(1, x)
+        if len(self.parts) == 4:
+            torch._dynamo.graph_break()
+            x = self.part(2, x)
+            torch._dynamo.graph_break()
+            x = self.part(3, x)
+        return nn.functional.cross_entropy(self.head(x), target)
+
+    def part(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        for block in self.parts[index]:
+            x = checkpoint(block, x, use_reentrant=False)
+        return x

@@ -323,7 +323,10 @@ class MemplanBackend:
                     rounds.append(made)
         finally:
             partitioner.options, partitioner.budget = options, budget
-        index = kept_round([r.plan for r in rounds], target)
+        # Leaving a later graph room, the budget is the one asked, the room in it, even
+        # under the least: the least-memory plan is not what the step needs.
+        kept_to = first_plan.asked if partitioner.room else target
+        index = kept_round([r.plan for r in rounds], kept_to, partitioner.room)
         compiled, plan, inner = rounds[index].compiled, rounds[index].plan, rounds[index].inner
         # Under the unfused graphs' least, a least-memory round may yet hold the budget
         # asked: the round after the least-memory plan (least_peak_aim) can compile lower.

@@ -20,10 +20,13 @@ graphs is not seen.
 
 Across graph breaks the graphs are planned in the order Dynamo compiles them, and an
 earlier graph knows nothing of the later ones: it can keep so much for its backward that
-a later graph is left under its least (`make_room`). The graphs before it are then planned
-again at their next step with the later graph's peak taken as resident, once, and the
-graphs after one whose plan changed, for what the graphs before them then hold
-(`HeldWatch._plan_for_the_step`).
+a later graph is left under its least (`make_room`, which warns). The graphs before it are
+then planned again at their next step, once, with the later graph's peak taken as
+resident; the later graph runs only between their forwards and their backwards, so the
+round kept is the fastest whose own peak holds the budget with that room given back and
+whose bytes kept for the backward hold it with the room taken (`Partitioner.room`). The
+graphs after one whose plan changed are planned again for what the graphs before them
+then hold (`HeldWatch._plan_for_the_step`).
 """
 
 from __future__ import annotations
@@ -210,16 +213,18 @@ class GraphAgain:
     resident: Resident
 
     def plan(
-        self, args: list[Any], held: Resident, why: str = ""
+        self, args: list[Any], held: Resident, why: str = "", room: int = 0
     ) -> tuple[Callable[..., Any], Plan]:
         """The graph compiled on a call's own tensors, planned with `held` resident (and at
-        least what the graphs before it hold); its plan, not yet the backend's, named with
-        `why` (by default, the bytes held)."""
+        least what the graphs before it hold), `room` of it a later graph's
+        (Partitioner.room); its plan, not yet the backend's, named with `why` (by default,
+        the bytes held)."""
         name = f"{self.name} ({why or f'with {format_bytes(held.held)} held'})"
         # Best effort: the step is running, and the bound on what is held may be loose.
         options = dataclasses.replace(self.backend.options, best_effort=True)
         partitioner = Partitioner(self.backend.budget, options, name=name, keep_plans=True)
         partitioner.resident = self.resident.with_at_least(held)
+        partitioner.room = room
         with warnings.catch_warnings():  # of a budget cut by a bound: HeldWatch checks
             warnings.simplefilter("ignore", MemplanWarning)
             compiled = self.backend.compile(self.gm, args, partitioner)
@@ -276,10 +281,10 @@ class HeldWatch:
         self.checked_steps = 0
         self.checked = False  # whether a call of this step found earlier calls waiting
         self.worst: Held | None = None  # the most held beyond what the plan allowed for
-        # Across graph breaks (make_room): the later graph to leave room for at the
+        # Across graph breaks (make_room): the later graphs to leave room for at the
         # graph's next step (once: `made_room`), and whether the graphs before it changed
         # what they hold, to be planned again for at its next step.
-        self.room_for: Hashable | None = None
+        self.room_for: list[Hashable] = []
         self.made_room = False
         self.refresh = False
 
@@ -290,7 +295,7 @@ class HeldWatch:
         # call of the step, and no storage to read.
         real = not _fake(flat)
         checking = self.checked_steps < CHECKED_STEPS and real
-        pending = self.room_for is not None or self.refresh
+        pending = bool(self.room_for) or self.refresh
         if pending and real and self.again is not None and not self.waiting.waiting_of(self):
             self._plan_for_the_step(list(flat), self.again)
         if checking and not self.waiting.waiting_of(self):  # a step of this graph begins
@@ -311,31 +316,32 @@ class HeldWatch:
 
     def _plan_for_the_step(self, args: list[Any], again: GraphAgain) -> None:
         """The graph planned again across graph breaks (make_room), for what the graphs
-        before it hold now: with the room graph `room_for` needs (its peak, and what the
-        graphs between hold) taken as resident too, kept where it holds less for its
-        backward; else (`refresh`), kept where it peaks no higher than the plan it had or
-        within its budget, that plan staying otherwise. Where what it holds changed, the
-        graphs after it are planned again in turn."""
-        later, self.room_for, self.refresh = self.room_for, None, False
+        before it hold now: with the room the graphs `room_for` need (the most, of a later
+        graph's peak with what the graphs between hold) taken as resident too, the round
+        kept the fastest that holds with the room given back for its own peak
+        (Partitioner.room), kept where it holds less for its backward than the plan it
+        had; else (`refresh`), kept where it peaks no higher than that plan or within its
+        budget, that plan staying otherwise. Where what it holds changed, the graphs after
+        it are planned again in turn."""
+        later, self.room_for, self.refresh = self.room_for, [], False
         now = again.resident_now()
-        if later is None and now == again.resident:
+        if not later and now == again.resident:
             return
         again.resident = now
-        if later is None:
-            room = now
-            why = f"with {format_bytes(now.held)} held"
-        else:
-            self.made_room = True
-            later_plan = again.backend.step[later]
-            room = dataclasses.replace(
-                now,
-                held=now.held + again.held_between(later) + later_plan.peak,
-                unplanned_step_peak=max(now.unplanned_step_peak, later_plan.unplanned_step_peak),
-            )
-            why = f"leaving {format_bytes(room.held - now.held)} for later graphs"
+        step = again.backend.step
+        needed = max((again.held_between(key) + step[key].peak for key in later), default=0)
+        room = dataclasses.replace(
+            now,
+            held=now.held + needed,
+            unplanned_step_peak=max(
+                [now.unplanned_step_peak, *(step[k].unplanned_step_peak for k in later)]
+            ),
+        )
+        why = f"leaving {format_bytes(needed)} for later graphs" if later else ""
+        self.made_room = self.made_room or bool(later)
         held_before = self.plan.held
-        compiled, plan = again.plan(args, room, why)
-        if later is None:
+        compiled, plan = again.plan(args, room, why, needed)
+        if not later:
             made = plan.peak <= max(self.plan.peak, plan.asked)
         else:
             made = plan.held < self.plan.held
@@ -474,7 +480,7 @@ def make_room(watches: dict[Any, HeldWatch], step: dict[Any, Plan], key: Hashabl
         and not watch.made_room
     ]
     for seen in making:
-        watches[seen].room_for = key
+        watches[seen].room_for.append(key)
     if making:  # the user sees this step over the budget, and why the next differs
         names = ", ".join(step[seen].name for seen in making)
         warnings.warn(

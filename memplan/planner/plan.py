@@ -302,6 +302,11 @@ class Partitioner:
         # What earlier graphs of the step hold while this one runs (graph breaks), and
         # what the step holds outside its graphs (tools/fit.py: optimizer state).
         self.resident = Resident()
+        # Of `resident.held`, the bytes a later graph of the step needs only between this
+        # graph's forward and its backward (held_watch.make_room): a plan holds the budget
+        # where its peak is within the budget with them given back, and what it keeps for
+        # its backward within it with them taken (rounds.kept_round).
+        self.room = 0
         # A last look at each graph, its times set, before it is solved: tools/fit.py
         # divides it per FSDP rank there, and stops where no plan can fit.
         self.before_solving: Callable[[Graph], Graph] | None = None

@@ -209,10 +209,18 @@ def lowered_in_vain(before: Plan, last: Plan, target: int) -> bool:
     return before.peak > target and last.peak >= before.peak
 
 
-def kept_round(plans: Sequence[Plan], target: int) -> int:
+def kept_round(plans: Sequence[Plan], target: int, room: int = 0) -> int:
     """Which round to keep: the fastest predicted within `target`, else the least peak;
-    where the first was planned best effort (for the least), the least peak."""
-    within = [i for i, p in enumerate(plans) if p.peak <= target]
-    if within and plans[0].status != "best-effort":
+    where the first was planned best effort (for the least), the least peak. Where `room`
+    of what was taken as resident is a later graph's, needed only between the forward and
+    the backward (Partitioner.room), a plan's peak is counted without it and what it keeps
+    for its backward with it, and the fastest within is kept even under the least: a
+    least-memory plan keeps more for its backward than a model's own checkpointing can."""
+
+    def peak(plan: Plan) -> int:
+        return max(plan.peak - room, plan.held) if room else plan.peak
+
+    within = [i for i, p in enumerate(plans) if peak(p) <= target]
+    if within and (plans[0].status != "best-effort" or room):
         return min(within, key=lambda i: plans[i].predicted_time)
-    return min(range(len(plans)), key=lambda i: plans[i].peak)
+    return min(range(len(plans)), key=lambda i: peak(plans[i]))
