@@ -42,6 +42,7 @@ bench: test-slow
 	$(BIN)/python -m benchmarks.inductor_peaks
 	$(BIN)/python -m benchmarks.repeated_calls
 	$(BIN)/python -m benchmarks.own_checkpointing
+	$(BIN)/python -m benchmarks.graph_breaks
 	$(BIN)/python -m benchmarks.models
 	$(BIN)/python -m benchmarks.roofline
 	$(BIN)/python -m benchmarks.fit
