@@ -162,8 +162,9 @@ def section_text(saved: dict[str, Any]) -> str:
         "whose compiles cannot be measured by the allocator without changing them "
         "(benchmarks/graph_breaks.py); steps 3, 4: the allocator's peaks; predicted: the "
         "step's, of the plans kept. Step time: the median of 5 "
-        "steps, against torch.compile's. Plans: the graphs' kept plans, with what each "
-        "recomputes and holds for its backward.",
+        "steps, against torch.compile's: on a small shared CPU it moves between runs of the "
+        "same plans by more than its differences here. Plans: the graphs' kept plans, with "
+        "what each recomputes and holds for its backward.",
         "",
         "| case | run | budget | step 1 (predicted) | steps 3, 4 | predicted | within | "
         "room made | step time | vs torch.compile | plans | max grad error |",

@@ -65,6 +65,7 @@ from memplan.planner.rounds import (
     least_ways,
     lowered_in_vain,
     next_aim,
+    peak_with_room,
     replanned_note,
 )
 from memplan.planner.shapes import signature_of, size_symbols
@@ -324,20 +325,23 @@ class MemplanBackend:
         finally:
             partitioner.options, partitioner.budget = options, budget
         # Leaving a later graph room, the budget is the one asked, the room in it, even
-        # under the least: the least-memory plan is not what the step needs.
-        kept_to = first_plan.asked if partitioner.room else target
-        index = kept_round([r.plan for r in rounds], kept_to, partitioner.room)
+        # under the least: the least-memory plan is not what the step needs; a plan's peak
+        # is then counted as rounds.peak_with_room does.
+        room = partitioner.room
+        kept_to = first_plan.asked if room else target
+        index = kept_round([r.plan for r in rounds], kept_to, room)
         compiled, plan, inner = rounds[index].compiled, rounds[index].plan, rounds[index].inner
+        peak = peak_with_room(plan, room)
         # Under the unfused graphs' least, a least-memory round may yet hold the budget
         # asked: the round after the least-memory plan (least_peak_aim) can compile lower.
         held_to = first_plan.asked if planned_least else target
-        least_sought = planned_least and plan.peak > held_to
-        if strict and plan.peak > held_to:  # raised before the step runs; no plan is kept
+        least_sought = planned_least and peak > held_to
+        if strict and peak > held_to:  # raised before the step runs; no plan is kept
             partitioner.forget_from(first)
-            raise InfeasibleBudget(held_to, plan.peak, plan.solver, what="peak as compiled")
+            raise InfeasibleBudget(held_to, peak, plan.solver, what="peak as compiled")
         for warning in unmet if least_sought else ():
             say_again(warning)
-        if plan.peak > target and not planned_least:
+        if peak > target and not planned_least:
             warnings.warn(
                 f"{plan.name}: as Inductor compiled it, the graph peaks at "
                 f"{format_bytes(plan.peak)}, {format_bytes(plan.peak - target)} above its "
@@ -358,14 +362,17 @@ class MemplanBackend:
         # budget asked is under the least, the plan kept is a best effort, whatever round
         # it came from, held to the least peak found: its own as compiled, or the least
         # the planner found (the first round's budget before its check) where higher.
-        holds_as_least = index > 0 and plan.status == "best-effort" and plan.peak <= target
+        # Leaving room, a plan that holds is held to the budget with the room given back.
+        holds_as_least = index > 0 and plan.status == "best-effort" and peak <= target
         if least_sought:
             status = "best-effort"
             budget_held = max(plan.peak, partitioner.plans[first].budget)
         elif planned_least:
-            status, budget_held, target = "feasible", held_to, held_to
+            status, budget_held = "feasible", held_to + room
+            target = budget_held
         else:
-            status, budget_held = "feasible" if holds_as_least else plan.status, target
+            status = "feasible" if holds_as_least else plan.status
+            budget_held = target = target + room
         kept = dataclasses.replace(
             plan,
             status=status,

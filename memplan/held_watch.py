@@ -20,13 +20,14 @@ graphs is not seen.
 
 Across graph breaks the graphs are planned in the order Dynamo compiles them, and an
 earlier graph knows nothing of the later ones: it can keep so much for its backward that
-a later graph is left under its least (`make_room`, which warns). The graphs before it are
-then planned again at their next step, once, with the later graph's peak taken as
-resident; the later graph runs only between their forwards and their backwards, so the
-round kept is the fastest whose own peak holds the budget with that room given back and
-whose bytes kept for the backward hold it with the room taken (`Partitioner.room`). The
-graphs after one whose plan changed are planned again for what the graphs before them
-then hold (`HeldWatch._plan_for_the_step`).
+a later graph is left under its least (`make_room`, which warns). The graphs before it
+are then planned again at their next step, once, with the most a later graph left short
+needs (its peak, with what the graphs between hold) taken as resident; the later graph
+runs only between their forwards and their backwards, so the round kept is the fastest
+whose own peak holds the budget with that room given back and whose bytes kept for the
+backward hold it with the room taken (`Partitioner.room`). The graphs after one whose
+plan changed are planned again for what the graphs before them then hold
+(`HeldWatch._plan_for_the_step`).
 """
 
 from __future__ import annotations
@@ -341,6 +342,7 @@ class HeldWatch:
         self.made_room = self.made_room or bool(later)
         held_before = self.plan.held
         compiled, plan = again.plan(args, room, why, needed)
+        step_budget = plan.asked + room.held  # the step's, as the new plan was made for it
         if not later:
             made = plan.peak <= max(self.plan.peak, plan.asked)
         else:
@@ -348,8 +350,8 @@ class HeldWatch:
         if not made:
             compiled, plan = self.compiled, self.plan
         # Resident: what the graphs before hold (the room is a later graph's, not
-        # resident while this one runs).
-        plan = dataclasses.replace(plan, resident=now.held)
+        # resident while this one runs); asked: the step's budget less that.
+        plan = dataclasses.replace(plan, resident=now.held, requested_budget=step_budget - now.held)
         again.keep(plan, in_plans=made)
         self.compiled, self.plan, self.running = compiled, plan, plan
         self.checked_steps = 0  # its calls are checked again
@@ -478,6 +480,7 @@ def make_room(watches: dict[Any, HeldWatch], step: dict[Any, Plan], key: Hashabl
         if (watch := watches.get(seen)) is not None
         and watch.again is not None
         and not watch.made_room
+        and key not in watch.room_for  # compiled again in the step: said once
     ]
     for seen in making:
         watches[seen].room_for.append(key)

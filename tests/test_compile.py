@@ -968,33 +968,38 @@ def check_three_graph_breaks(device: torch.device, by_name: bool = False) -> Non
 
 
 def test_a_graph_before_a_break_makes_room_for_a_later_graph_left_under_its_least() -> None:
-    """At 100%, the first graph of a checkpointed model plans at its share of its own step
-    and keeps more than its step as written (recomputing less): the second graph is left
-    under its least and warns that room will be made. Left so, every step peaked at 33.55
-    MiB against the step's 29.05 (2-core CPU, 2026-11-30). At the next step the first graph
-    is planned again with the second's peak taken as resident, keeping less, and the second
-    for what the first then holds: from the step after, the step holds the budget (27.13
-    MiB on 2026-12-01), as predicted, with eager's gradients."""
+    """Two halves of checkpointed blocks with a break between them, at 85% of the step's
+    unplanned peak (24.69 MiB): the first graph, planned for its share of its own step,
+    keeps so much for its backward that the second is left under its least, and warns that
+    room will be made. At the next step the first graph is planned again with the second's
+    peak taken as resident; the second runs only between its forward and its backward, so
+    the round kept is the one whose own peak holds the budget without that room and whose
+    bytes kept hold it with the room: the step as the model is written (7.51 MiB kept),
+    not the least-memory plan (9.51 MiB, with which the step would peak at 25.55 MiB). The
+    second is then planned for what the first holds, and from the step after the step
+    holds the budget, as predicted, with eager's gradients (2-core CPU, 2026-12-01)."""
     torch.manual_seed(0)
     model = CheckpointedParts(2)
     inputs = (torch.randn(2048, 256), torch.randint(0, 10, (2048,)))
     torch._dynamo.reset()
-    backend = memplan.backend(budget="100%", progress=False)
+    backend = memplan.backend(budget="85%", progress=False)
     planned = copy.deepcopy(model)
     compiled = torch.compile(planned, backend=backend)
     with pytest.warns(MemplanWarning) as said:
         train_step(compiled, inputs)()  # the first step: planned, and found short
-    short = [w for w in said if issubclass(w.category, InfeasibleBudgetWarning)]
-    assert short and "graph1" in str(short[0].message)
+    short = [str(w.message) for w in said if issubclass(w.category, InfeasibleBudgetWarning)]
+    assert any(message.startswith("graph1") for message in short), short
     (room,) = [str(w.message) for w in said if "leave it room" in str(w.message)]
     assert room.startswith("graph1") and "at the next step graph0" in room
     measured = steady_step_peak(compiled, planned, inputs)  # the second plans again
     first, second = backend.plans[:2]
-    budget = second.unplanned_step_peak  # 100% of the step's unplanned peak
+    budget = second.asked + second.resident  # 85% of the step's unplanned peak
     assert first.held + second.peak > budget  # the first step, as planned at first
     now_first, now_second = backend.step.values()  # each graph's plan now
-    assert "leaving" in now_first.name and now_first.held < first.held
+    assert "leaving" in now_first.name and now_first.solver == "as_written"
+    assert now_first.held < first.held and now_first.status == "feasible"
     assert now_first.resident == 0 and now_second.resident == now_first.held
+    assert now_first.asked + now_first.resident == budget  # the step's, the room given back
     assert measured <= budget, (measured, budget)
     assert abs(measured / backend.predicted_step_peak - 1) <= 0.05
     made = len(backend.plans)

@@ -45,3 +45,7 @@ def test_leaving_a_later_graph_room_counts_it_against_what_a_plan_keeps() -> Non
     assert kept_round([least, as_written], 9 * MiB) == 0  # without the room: the least peak
     # Neither holds: the one nearest, by what it keeps.
     assert kept_round([least, as_written], 5 * MiB, room) == 1
+    # A round keeping little whose own peak is over the budget with the room given back.
+    spiky = _round("feasible", 30 * MiB, 4 * MiB, 0.9)
+    assert kept_round([least, spiky], 13 * MiB, room) == 0
+    assert kept_round([least, spiky], 15 * MiB, room) == 1  # within: the faster

@@ -209,18 +209,19 @@ def lowered_in_vain(before: Plan, last: Plan, target: int) -> bool:
     return before.peak > target and last.peak >= before.peak
 
 
+def peak_with_room(plan: Plan, room: int) -> int:
+    """A plan's peak against a budget `room` of whose resident bytes are a later graph's,
+    needed only between the plan's forward and its backward (Partitioner.room): its own
+    peak without them, and what it keeps for its backward, which they are resident with."""
+    return max(plan.peak - room, plan.held) if room else plan.peak
+
+
 def kept_round(plans: Sequence[Plan], target: int, room: int = 0) -> int:
     """Which round to keep: the fastest predicted within `target`, else the least peak;
-    where the first was planned best effort (for the least), the least peak. Where `room`
-    of what was taken as resident is a later graph's, needed only between the forward and
-    the backward (Partitioner.room), a plan's peak is counted without it and what it keeps
-    for its backward with it, and the fastest within is kept even under the least: a
-    least-memory plan keeps more for its backward than a model's own checkpointing can."""
-
-    def peak(plan: Plan) -> int:
-        return max(plan.peak - room, plan.held) if room else plan.peak
-
-    within = [i for i, p in enumerate(plans) if peak(p) <= target]
+    where the first was planned best effort (for the least), the least peak. Leaving a
+    later graph `room` (peak_with_room), the fastest within is kept even under the least:
+    a least-memory plan keeps more for its backward than a model's own checkpointing can."""
+    within = [i for i, p in enumerate(plans) if peak_with_room(p, room) <= target]
     if within and (plans[0].status != "best-effort" or room):
         return min(within, key=lambda i: plans[i].predicted_time)
-    return min(range(len(plans)), key=lambda i: peak(plans[i]))
+    return min(range(len(plans)), key=lambda i: peak_with_room(plans[i], room))
