@@ -11,7 +11,10 @@ memplan backend (memplan/held_watch.py):
 
 Step 1 compiles the graphs and is checked (a warning is expected; the step's later calls
 then run the least-memory plan), step 2 plans them again for what earlier calls held, and
-the allocator reads steps 1 and 3. Writes
+the allocator reads steps 1 and 3. Step 1's compiles run inside the allocator's recording,
+where they cannot read the allocator themselves (a second torch.profiler session cannot
+start inside the first): its plans are not checked as Inductor compiled them, their peaks
+are the unfused graphs' predictions, and a user's first step can plan otherwise. Writes
 benchmarks/results/repeated-calls-<device>.json and its section of docs/results.md.
 """
 
@@ -158,7 +161,8 @@ def section_text(saved: dict[str, Any]) -> str:
         "backend with Inductor ([pipeline](pipeline.md)). Step 1 compiles the graph and "
         "warns, and its later calls run the graph's least-memory plan; step 2 plans the "
         "graph again for what the earlier calls held. The allocator reads step 1 (its "
-        "compiles included) and step 3. "
+        "compiles included, whose plans are then not checked as Inductor compiled them: "
+        "inside the allocator's recording they cannot read it) and step 3. "
         "Budget: the step's (for regional compilation, the last graph's plan's with what it "
         "was planned to have resident). Plans: each plan's recomputed tensors, with the "
         "bytes it was planned to have resident.",
