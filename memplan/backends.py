@@ -362,9 +362,14 @@ class MemplanBackend:
         # budget asked is under the least, the plan kept is a best effort, whatever round
         # it came from, held to the least peak found: its own as compiled, or the least
         # the planner found (the first round's budget before its check) where higher.
-        # Leaving room, a plan that holds is held to the budget with the room given back.
+        # Leaving room, a plan is held to the budget with the room given back where it
+        # holds, else (best effort) to the most it needs: its own peak, or what it keeps
+        # with the room.
         holds_as_least = index > 0 and plan.status == "best-effort" and peak <= target
-        if least_sought:
+        short = least_sought or (room > 0 and peak > kept_to)
+        if short and room:
+            status, budget_held = "best-effort", peak + room
+        elif short:
             status = "best-effort"
             budget_held = max(plan.peak, partitioner.plans[first].budget)
         elif planned_least:
@@ -379,7 +384,7 @@ class MemplanBackend:
             budget=budget_held,
             requested_budget=first_plan.requested_budget,
             requested_as=first_plan.requested_as,
-            note=plan.note if index == 0 else replanned_note(plan, target, least_sought),
+            note=plan.note if index == 0 else replanned_note(plan, target, short, room),
             # Each round's aim, its peak as compiled and whether Inductor's layout
             # optimization was on, for reports and benchmarks.
             options={

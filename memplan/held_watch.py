@@ -342,7 +342,7 @@ class HeldWatch:
         self.made_room = self.made_room or bool(later)
         held_before = self.plan.held
         compiled, plan = again.plan(args, room, why, needed)
-        step_budget = plan.asked + room.held  # the step's, as the new plan was made for it
+        step_budget = again.backend.budget.resolve(plan.unplanned_step_peak)
         if not later:
             made = plan.peak <= max(self.plan.peak, plan.asked)
         else:
@@ -350,8 +350,12 @@ class HeldWatch:
         if not made:
             compiled, plan = self.compiled, self.plan
         # Resident: what the graphs before hold (the room is a later graph's, not
-        # resident while this one runs); asked: the step's budget less that.
-        plan = dataclasses.replace(plan, resident=now.held, requested_budget=step_budget - now.held)
+        # resident while this one runs); asked, and held to where it holds: the step's
+        # budget less that.
+        asked = max(1, step_budget - now.held)
+        holds = plan.status != "best-effort" and plan.peak <= asked
+        held_to = asked if holds else plan.budget
+        plan = dataclasses.replace(plan, resident=now.held, requested_budget=asked, budget=held_to)
         again.keep(plan, in_plans=made)
         self.compiled, self.plan, self.running = compiled, plan, plan
         self.checked_steps = 0  # its calls are checked again

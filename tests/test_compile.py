@@ -1001,6 +1001,7 @@ def test_a_graph_before_a_break_makes_room_for_a_later_graph_left_under_its_leas
     assert now_first.held < first.held and now_first.status == "feasible"
     assert now_first.resident == 0 and now_second.resident == now_first.held
     assert now_first.asked + now_first.resident == budget  # the step's, the room given back
+    assert now_first.budget == now_first.asked and now_first.peak <= now_first.budget
     assert measured <= budget, (measured, budget)
     assert abs(measured / backend.predicted_step_peak - 1) <= 0.05
     made = len(backend.plans)
@@ -1033,6 +1034,8 @@ def test_three_graphs_make_room_for_the_last_of_four_checkpointed_parts() -> Non
     last = kept[-1]
     budget = last.asked + last.resident
     assert "leaving" in kept[0].name and kept[0].solver == "as_written"
+    assert kept[0].status == "feasible" and kept[0].budget == budget
+    assert all(p.asked + p.resident == budget for p in kept)
     assert [p.resident for p in kept[1:]] == list(itertools.accumulate(p.held for p in kept[:-1]))
     assert measured <= budget, (measured, budget)
     assert abs(measured / backend.predicted_step_peak - 1) <= 0.05

@@ -133,11 +133,12 @@ def least_ways(
     return [with_layout, without_layout]
 
 
-def replanned_note(plan: Plan, target: int, least_sought: bool) -> str:
+def replanned_note(plan: Plan, target: int, least_sought: bool, room: int = 0) -> str:
     """What a plan made at a budget moved from `target` says of itself (a least-memory
     round's planner note, of a budget under its least, is not the user's). Where the budget
     asked is under the graph's least (`least_sought`), the rounds sought its least peak as
-    compiled, and `target` is no budget of the user's."""
+    compiled, and `target` is no budget of the user's; leaving a later graph `room`
+    (Partitioner.room), the round nearest to holding the budget with it."""
     # The plans named by what they are: the round of a model's own checkpointing, and
     # the least-memory plan; any other by the budget it was planned at.
     if plan.solver == "as_written":
@@ -148,6 +149,8 @@ def replanned_note(plan: Plan, target: int, least_sought: bool) -> str:
         kind = ""
     if least_sought:
         how = kind or f"planned at {format_bytes(plan.requested_budget)}"
+        if room:
+            return f"{how}: the nearest found to holding its budget with the room it leaves"
         return f"{how}: the least peak of the graphs as Inductor compiled them"
     within = f"so that the graphs as Inductor compiled them peak within {format_bytes(target)}"
     if kind:
