@@ -49,3 +49,11 @@ class CheckpointedParts(nn.Module):
         for block in self.parts[index]:
             x = checkpoint(block, x, use_reentrant=False)
         return x
+
+
+def checkpointed_parts(parts: int) -> tuple[CheckpointedParts, tuple[torch.Tensor, torch.Tensor]]:
+    """CheckpointedParts(parts) with a batch of 2048 rows of width 256 and their classes,
+    from seed 0: the model benchmarks/graph_breaks.py and the graph-break tests share."""
+    torch.manual_seed(0)
+    model = CheckpointedParts(parts)
+    return model, (torch.randn(2048, 256), torch.randint(0, 10, (2048,)))

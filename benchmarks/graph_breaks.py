@@ -5,7 +5,7 @@ Inductor at 100% and 80% of the step's unplanned peak (memplan/held_watch.py: th
 before a graph left under its least make room for it at the next step):
 
 - two halves of three checkpointed blocks (width 256, batch 2048) with a graph break
-  between them, the loss inside (`benchmarks.blocks.CheckpointedParts`);
+  between them, the loss inside (`benchmarks.blocks.checkpointed_parts`);
 - four such parts, three breaks;
 - transformers' GPT-2 (4 layers, width 128, batch 8, sequence 128) with its own gradient
   checkpointing (`use_reentrant=False`), which Dynamo compiles as two graphs.
@@ -34,7 +34,7 @@ from rich.progress import track
 from torch import nn
 
 import memplan
-from benchmarks.blocks import CheckpointedParts
+from benchmarks.blocks import checkpointed_parts
 from benchmarks.models import machine
 from benchmarks.pages import saved_section, section_benchmark
 from memplan.errors import MemplanWarning
@@ -52,12 +52,6 @@ MEASURED_STEPS = 2  # steps 3 and 4
 CPU = torch.device("cpu")
 
 
-def _parts(parts: int) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    torch.manual_seed(0)
-    inputs = (torch.randn(2048, 256), torch.randint(0, 10, (2048,)))
-    return CheckpointedParts(parts), inputs
-
-
 def _gpt2() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     torch.manual_seed(0)
     example = ZOO["gpt2"](batch=8, seq=128, layers=4, width=128)
@@ -70,8 +64,8 @@ def _gpt2() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
 
 
 CASES: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]] = {
-    "two checkpointed halves": lambda: _parts(2),
-    "four checkpointed parts": lambda: _parts(4),
+    "two checkpointed halves": lambda: checkpointed_parts(2),
+    "four checkpointed parts": lambda: checkpointed_parts(4),
     "GPT-2, gradient checkpointing": _gpt2,
 }
 
@@ -133,7 +127,8 @@ def measure_case(name: str) -> dict[str, Any]:
     model, inputs = CASES[name]()
     eager = copy.deepcopy(model)
     training_step(eager, inputs)()  # the gradients to compare with
-    runs = [_as_written("eager", copy.deepcopy(model), model, inputs)]
+    as_written = copy.deepcopy(model)
+    runs = [_as_written("eager", as_written, as_written, inputs)]
     torch._dynamo.reset()
     default = copy.deepcopy(model)
     runs.append(_as_written("torch.compile", torch.compile(default), default, inputs))

@@ -29,7 +29,7 @@ import memplan.planner.profile
 import memplan.planner.rounds as memplan_rounds
 import memplan.planner.solve
 import memplan.spinner
-from benchmarks.blocks import Block, CheckpointedParts
+from benchmarks.blocks import Block, checkpointed_parts
 from memplan.budget import Budget
 from memplan.errors import (
     AllocatorUnreadable,
@@ -968,6 +968,28 @@ def check_three_graph_breaks(device: torch.device, by_name: bool = False) -> Non
     _train_and_compare(compiled, planned, inputs)
 
 
+def _first_step_of_parts(
+    parts: int, budget: str
+) -> tuple[
+    memplan_backends.MemplanBackend,
+    torch.nn.Module,
+    Callable[..., Any],
+    tuple[torch.Tensor, ...],
+    pytest.WarningsRecorder,
+]:
+    """benchmarks.blocks.checkpointed_parts(parts) compiled with memplan at `budget`, after
+    its first step (planned, and found short): the backend, the module it trains, the
+    compiled module, the inputs and the warnings the step gave."""
+    model, inputs = checkpointed_parts(parts)
+    torch._dynamo.reset()
+    backend = memplan.backend(budget=budget, progress=False)
+    planned = copy.deepcopy(model)
+    compiled = torch.compile(planned, backend=backend)
+    with pytest.warns(MemplanWarning) as said:
+        train_step(compiled, inputs)()
+    return backend, planned, compiled, inputs, said
+
+
 def test_a_graph_before_a_break_makes_room_for_a_later_graph_left_under_its_least() -> None:
     """Two halves of checkpointed blocks with a break between them, at 85% of the step's
     unplanned peak (24.69 MiB): the first graph, planned for its share of its own step,
@@ -979,15 +1001,7 @@ def test_a_graph_before_a_break_makes_room_for_a_later_graph_left_under_its_leas
     not the least-memory plan (9.51 MiB, with which the step would peak at 25.55 MiB). The
     second is then planned for what the first holds, and from the step after the step
     holds the budget, as predicted, with eager's gradients (2-core CPU, 2026-12-01)."""
-    torch.manual_seed(0)
-    model = CheckpointedParts(2)
-    inputs = (torch.randn(2048, 256), torch.randint(0, 10, (2048,)))
-    torch._dynamo.reset()
-    backend = memplan.backend(budget="85%", progress=False)
-    planned = copy.deepcopy(model)
-    compiled = torch.compile(planned, backend=backend)
-    with pytest.warns(MemplanWarning) as said:
-        train_step(compiled, inputs)()  # the first step: planned, and found short
+    backend, planned, compiled, inputs, said = _first_step_of_parts(2, "85%")
     short = [str(w.message) for w in said if issubclass(w.category, InfeasibleBudgetWarning)]
     assert any(message.startswith("graph1") for message in short), short
     (room,) = [str(w.message) for w in said if "leave it room" in str(w.message)]
@@ -1018,15 +1032,7 @@ def test_three_graphs_make_room_for_the_last_of_four_checkpointed_parts() -> Non
     step holds the budget from the step after (42.56 against 44.06 MiB; left as first
     planned it peaked at 44.56 MiB), as predicted, with eager's gradients (2-core CPU,
     2026-12-01; benchmarks/graph_breaks.py measures it at 80% too)."""
-    torch.manual_seed(0)
-    model = CheckpointedParts(4)
-    inputs = (torch.randn(2048, 256), torch.randint(0, 10, (2048,)))
-    torch._dynamo.reset()
-    backend = memplan.backend(budget="100%", progress=False)
-    planned = copy.deepcopy(model)
-    compiled = torch.compile(planned, backend=backend)
-    with pytest.warns(MemplanWarning) as said:
-        train_step(compiled, inputs)()
+    backend, planned, compiled, inputs, said = _first_step_of_parts(4, "100%")
     rooms = [str(w.message) for w in said if "leave it room" in str(w.message)]
     assert [m.split(":")[0] for m in rooms] == ["graph1", "graph2", "graph3.1"], rooms
     measured = steady_step_peak(compiled, planned, inputs)  # the second plans again
