@@ -1,6 +1,7 @@
 """The blocks the benchmarks of blocks share: two layers with GELUs, a module of its own
-(Dynamo skips a bare nn.Sequential compiled alone), and parts of checkpointed blocks with
-graph breaks between them."""
+(Dynamo skips a bare nn.Sequential compiled alone), parts of checkpointed blocks with
+graph breaks between them, and layers followed, after a graph break, by a head of large
+parameters."""
 
 from __future__ import annotations
 
@@ -57,3 +58,29 @@ def checkpointed_parts(parts: int) -> tuple[CheckpointedParts, tuple[torch.Tenso
     torch.manual_seed(0)
     model = CheckpointedParts(parts)
     return model, (torch.randn(2048, 256), torch.randint(0, 10, (2048,)))
+
+
+class LargeHead(nn.Module):
+    """Four layers of width 256 with GELUs, a graph break, and a head whose parameters (a
+    layer of width 4096, 4 MiB) are large against what it computes (on eight rows of the
+    batch): while the first graph runs, the step holds them, and from its backward on,
+    their gradients."""
+
+    def __init__(self, layers: int = 4, width: int = 256, head: int = 4096) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(
+            *(nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(layers))
+        )
+        self.wide, self.out = nn.Linear(width, head), nn.Linear(head, 10)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        x = self.layers(x)
+        torch._dynamo.graph_break()
+        return nn.functional.cross_entropy(self.out(self.wide(x[:8])), target)
+
+
+def large_head() -> tuple[LargeHead, tuple[torch.Tensor, torch.Tensor]]:
+    """LargeHead with a batch of 4096 rows of width 256 and eight rows' classes, from
+    seed 0."""
+    torch.manual_seed(0)
+    return LargeHead(), (torch.randn(4096, 256), torch.randint(0, 10, (8,)))

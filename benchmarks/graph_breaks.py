@@ -8,7 +8,10 @@ before a graph left under its least make room for it at the next step):
   between them, the loss inside (`benchmarks.blocks.checkpointed_parts`);
 - four such parts, three breaks;
 - transformers' GPT-2 (4 layers, width 128, batch 8, sequence 128) with its own gradient
-  checkpointing (`use_reentrant=False`), which Dynamo compiles as two graphs.
+  checkpointing (`use_reentrant=False`), which Dynamo compiles as two graphs;
+- four layers (width 256, batch 4096), a graph break, and a head of large parameters on
+  eight rows (`benchmarks.blocks.large_head`): the step holds the head's parameters while
+  the first graph runs, and their gradients in its backward.
 
 Step 1 compiles and plans the graphs, and step 2 plans again where room is to be made
 (and compiles what that changes): both run as a user runs them, outside the allocator's
@@ -34,7 +37,7 @@ from rich.progress import track
 from torch import nn
 
 import memplan
-from benchmarks.blocks import checkpointed_parts
+from benchmarks.blocks import checkpointed_parts, large_head
 from benchmarks.models import machine
 from benchmarks.pages import saved_section, section_benchmark
 from memplan.errors import MemplanWarning
@@ -67,6 +70,7 @@ CASES: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]] = {
     "two checkpointed halves": lambda: checkpointed_parts(2),
     "four checkpointed parts": lambda: checkpointed_parts(4),
     "GPT-2, gradient checkpointing": _gpt2,
+    "a head of large parameters": large_head,
 }
 
 

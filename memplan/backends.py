@@ -40,7 +40,14 @@ from memplan.errors import (
     MemplanError,
     MemplanWarning,
 )
-from memplan.held_watch import GraphAgain, HeldWatch, WaitingCalls, make_room, resident_before
+from memplan.held_watch import (
+    GraphAgain,
+    HeldWatch,
+    WaitingCalls,
+    make_room,
+    resident_before,
+    step_peaks,
+)
 from memplan.planner.capture import boxed_runner
 from memplan.planner.compiled_peak import CompiledGraphs
 from memplan.planner.inductor_steps import (
@@ -143,15 +150,17 @@ class MemplanBackend:
         # compiled alone is a recompile of one frame (regional compilation).
         self.step: dict[StepKey, Plan] = {}
         self._graphs_of: dict[object, int] = {}  # graphs so far per Dynamo compile id
+        # The bytes of each parameter the step's graphs take, and of its gradient, by id.
+        self.parameters: dict[int, tuple[int, int]] = {}
         # Calls of the graphs whose backward has not run, for what they hold (held_watch.py).
         self.waiting = WaitingCalls()
         self.watches: dict[StepKey, HeldWatch] = {}  # the step's graphs' watches, by key
 
     @property
     def predicted_step_peak(self) -> int:
-        """The step's predicted peak over its graphs: each graph's own peak plus what the
-        graphs before it hold (0 before any graph is planned)."""
-        return max((plan.step_peak for plan in self.step.values()), default=0)
+        """The step's predicted peak over its graphs (held_watch.step_peaks; 0 before any
+        graph is planned)."""
+        return max(step_peaks(self.step, self.parameters).values(), default=0)
 
     def __call__(
         self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: str | None = None
@@ -183,7 +192,7 @@ class MemplanBackend:
             self.watches.pop(key, None)
         else:
             self.watches[key] = watch
-            make_room(self.watches, self.step, key)
+            make_room(self.watches, self.step, key, self.parameters)
         # Dynamo runs what a backend returns inside the compiled frame: not to be traced.
         return torch._dynamo.disable(watch, reason="memplan checks what the step holds")
 
@@ -194,8 +203,11 @@ class MemplanBackend:
         index = self._graphs_of.get(compile_id, 0)
         self._graphs_of[compile_id] = index + 1
         frame = -1 if compile_id is None or compile_id.frame_id is None else compile_id.frame_id
-        parameters = frozenset(id(x) for x in example_inputs if isinstance(x, torch.nn.Parameter))
-        return StepKey(frame, index, parameters)
+        taken = [x for x in example_inputs if isinstance(x, torch.nn.Parameter)]
+        for parameter in taken:
+            gradient = parameter.nbytes if parameter.requires_grad else 0
+            self.parameters[id(parameter)] = (parameter.nbytes, gradient)
+        return StepKey(frame, index, frozenset(id(x) for x in taken))
 
     def reset(self) -> None:
         """Forget the step: torch._dynamo.reset() calls it (through torch.compile's

@@ -27,7 +27,10 @@ runs only between their forwards and their backwards, so the round kept is the f
 whose own peak holds the budget with that room given back and whose bytes kept for the
 backward hold it with the room taken (`Partitioner.room`). The graphs after one whose
 plan changed are planned again for what the graphs before them then hold
-(`HeldWatch._plan_for_the_step`).
+(`HeldWatch._plan_for_the_step`). While a graph runs, the step also holds the parameters
+only the graphs after it take, and in its backward their gradients (`step_peaks`): where
+a graph compiled later takes an earlier graph's step over the budget so, the earlier one is
+planned again at its next step with them resident (`_hold_later_parameters`).
 """
 
 from __future__ import annotations
@@ -200,6 +203,7 @@ class Backend(Planner, Protocol):
     plans: list[Plan]
     step: dict[Any, Plan]  # by each graph's place in the step (backends.StepKey)
     watches: dict[Any, HeldWatch]  # the same graphs' watches
+    parameters: dict[int, tuple[int, int]]  # the graphs' parameters' bytes (step_peaks)
 
 
 @dataclass
@@ -220,7 +224,8 @@ class GraphAgain:
         least what the graphs before it hold), `room` of it a later graph's
         (Partitioner.room); its plan, not yet the backend's, named with `why` (by default,
         the bytes held)."""
-        name = f"{self.name} ({why or f'with {format_bytes(held.held)} held'})"
+        later = f" and {format_bytes(held.later)} by later graphs" if held.later else ""
+        name = f"{self.name} ({why or f'with {format_bytes(held.held)} held{later}'})"
         # Best effort: the step is running, and the bound on what is held may be loose.
         options = dataclasses.replace(self.backend.options, best_effort=True)
         partitioner = Partitioner(self.backend.budget, options, name=name, keep_plans=True)
@@ -232,8 +237,16 @@ class GraphAgain:
         return compiled, self.backend.plans.pop()
 
     def resident_now(self) -> Resident:
-        """What the step's graphs compiled before this one hold under their plans now."""
-        return resident_before(self.backend.step, self.key)
+        """What the step's graphs compiled before this one hold under their plans now, and
+        the parameters of those after it, with their gradients (later_parameters); the
+        step's unplanned peak, of all its graphs."""
+        step = self.backend.step
+        before = resident_before(step, self.key)
+        later = sum(later_parameters(step, self.key, self.backend.parameters))
+        unplanned = max(
+            [before.unplanned_step_peak, *(p.unplanned_step_peak for p in step.values())]
+        )
+        return dataclasses.replace(before, later=later, unplanned_step_peak=unplanned)
 
     def held_between(self, later: Hashable) -> int:
         """What the step's graphs between this one and graph `later` hold now."""
@@ -331,9 +344,12 @@ class HeldWatch:
         again.resident = now
         step = again.backend.step
         needed = max((again.held_between(key) + step[key].peak for key in later), default=0)
+        # The later graphs' peaks count their parameters and gradients, which are taken
+        # as resident for the whole graph already (Resident.later).
+        beyond = max(0, needed - now.later) if later else 0
         room = dataclasses.replace(
             now,
-            held=now.held + needed,
+            held=now.held + beyond,
             unplanned_step_peak=max(
                 [now.unplanned_step_peak, *(step[k].unplanned_step_peak for k in later)]
             ),
@@ -341,7 +357,7 @@ class HeldWatch:
         why = f"leaving {format_bytes(needed)} for later graphs" if later else ""
         self.made_room = self.made_room or bool(later)
         held_before = self.plan.held
-        compiled, plan = again.plan(args, room, why, needed)
+        compiled, plan = again.plan(args, room, why, beyond)
         step_budget = again.backend.budget.resolve(plan.unplanned_step_peak)
         if not later:
             made = plan.peak <= max(self.plan.peak, plan.asked)
@@ -352,7 +368,7 @@ class HeldWatch:
         # Resident: what the graphs before hold (the room is a later graph's, not
         # resident while this one runs); asked, and held to where it holds: the step's
         # budget less that.
-        asked = max(1, step_budget - now.held)
+        asked = max(1, step_budget - now.held - now.later)
         holds = plan.status != "best-effort" and plan.peak <= asked
         held_to = asked if holds else plan.budget
         plan = dataclasses.replace(plan, resident=now.held, requested_budget=asked, budget=held_to)
@@ -469,13 +485,51 @@ def resident_before(step: dict[Any, Plan], key: Hashable) -> Resident:
     )
 
 
-def make_room(watches: dict[Any, HeldWatch], step: dict[Any, Plan], key: Hashable) -> None:
+def later_parameters(
+    step: dict[Any, Plan], key: Hashable, parameters: dict[int, tuple[int, int]]
+) -> tuple[int, int]:
+    """The bytes of the parameters that only graphs of `step` after graph `key` take, and of
+    their gradients (`parameters`: by id, as StepKey.parameters names them). The step holds
+    the parameters while graph `key` runs; the later graphs' backwards make the gradients
+    before its backward runs. 0 and 0 for a graph last in the step."""
+    keys = list(step)
+    at = keys.index(key) + 1
+    counted = set().union(*(k.parameters for k in keys[:at]))
+    later = set().union(*(k.parameters for k in keys[at:])) - counted
+    return sum(parameters[p][0] for p in later), sum(parameters[p][1] for p in later)
+
+
+def step_peaks(step: dict[Any, Plan], parameters: dict[int, tuple[int, int]]) -> dict[Any, int]:
+    """The predicted peak of the step (backends.MemplanBackend.step) while each of its
+    graphs runs: its own peak and what the graphs before it hold (Plan.step_peak), with
+    the parameters only graphs after it take and, during its backward, their gradients
+    (later_parameters). There, a graph followed by others no longer holds its forward's
+    outputs (their inputs), which its own backward's peak counts (Plan.output_bytes). Its
+    forward's peak is not known apart: its own peak stands for it."""
+    peaks = {}
+    for index, (key, plan) in enumerate(step.items()):
+        held, made = later_parameters(step, key, parameters)
+        outputs = plan.output_bytes if index + 1 < len(step) else 0
+        own = max(plan.peak, plan.backward_peak - outputs + made)
+        peaks[key] = plan.resident + held + own
+    return peaks
+
+
+def make_room(
+    watches: dict[Any, HeldWatch],
+    step: dict[Any, Plan],
+    key: Hashable,
+    parameters: dict[int, tuple[int, int]],
+) -> None:
     """Where graph `key`'s plan peaks over what the graphs before it left of the step's
     budget (by more than ROOM_SLACK of it), though within the budget alone, each graph
     before it (its watch in `watches`) leaves room for it at its next step, once
-    (HeldWatch._plan_for_the_step)."""
+    (HeldWatch._plan_for_the_step). And each graph before it that the parameters graph
+    `key` takes (with their gradients, `parameters`: step_peaks) take over the step's
+    budget is planned again at its next step, for them (_hold_later_parameters)."""
     plan = step[key]
     step_budget = plan.asked + plan.resident
+    _hold_later_parameters(watches, step, key, parameters, step_budget)
     if plan.peak - plan.asked <= ROOM_SLACK * step_budget or plan.peak > step_budget:
         return
     making = [
@@ -497,4 +551,36 @@ def make_room(watches: dict[Any, HeldWatch], step: dict[Any, Plan], key: Hashabl
             "will be planned again to leave it room",
             MemplanWarning,
             stacklevel=3,
+        )
+
+
+def _hold_later_parameters(
+    watches: dict[Any, HeldWatch],
+    step: dict[Any, Plan],
+    key: Hashable,
+    parameters: dict[int, tuple[int, int]],
+    step_budget: int,
+) -> None:
+    """Where, with the parameters graph `key` (just compiled) takes and their gradients,
+    the step peaks over `step_budget` (by more than ROOM_SLACK of it) while a graph before
+    it runs, that graph is planned again at its next step with them taken as resident
+    (HeldWatch._plan_for_the_step, `refresh`: GraphAgain.resident_now counts them), and
+    the user is told. A graph planned before any later one was compiled counts none; one
+    planned for its least (best effort) is over its budget without them, as it said."""
+    peaks = step_peaks(step, parameters)
+    for seen in keys_before(step, key):
+        watch = watches.get(seen)
+        over = peaks[seen] - step_budget
+        if watch is None or watch.again is None or over <= ROOM_SLACK * step_budget:
+            continue
+        if step[seen].status == "best-effort" or not any(later_parameters(step, seen, parameters)):
+            continue
+        watch.refresh = True
+        warnings.warn(
+            f"{step[seen].name}: with the parameters of the graphs after it and their "
+            f"gradients, the step peaks at {format_bytes(peaks[seen])} while it runs, "
+            f"{format_bytes(over)} above its budget of {format_bytes(step_budget)}: at "
+            "the next step it will be planned again for them",
+            MemplanWarning,
+            stacklevel=4,
         )

@@ -73,22 +73,26 @@ class CompiledGraphs:
         return compiled
 
 
-def compiled_peak(plan: Plan, graphs: Sequence[CompiledGraph], device: torch.device) -> int:
-    """The plan's peak as Inductor runs `graphs` (its forward, then its backward): each
-    phase's simulated peak plus what the compiled graph held above its unfused twin (or
-    less, negative). The forwards run on random inputs of their traced sizes; each
-    backward on what its forward returned (a saved index is one the forward made, valid
-    for its kernels) and the same random gradients of the outputs."""
+def compiled_peak(
+    plan: Plan, graphs: Sequence[CompiledGraph], device: torch.device
+) -> tuple[int, int]:
+    """The plan's peak as Inductor runs `graphs` (its forward, then its backward), and its
+    backward's: each phase's simulated peak plus what the compiled graph held above its
+    unfused twin (or less, negative). The forwards run on random inputs of their traced
+    sizes; each backward on what its forward returned (a saved index is one the forward
+    made, valid for its kernels) and the same random gradients of the outputs."""
     # The runs draw random numbers: the user's generators are left as they were.
     with own_random_numbers(device) as seed:
         seed(0)
         return _compiled_peak(plan, graphs, device)
 
 
-def _compiled_peak(plan: Plan, graphs: Sequence[CompiledGraph], device: torch.device) -> int:
+def _compiled_peak(
+    plan: Plan, graphs: Sequence[CompiledGraph], device: torch.device
+) -> tuple[int, int]:
     split = plan.backward_start
     if not split:
-        return plan.predicted_peak
+        return plan.predicted_peak, plan.backward_peak
     forward, *rest = graphs
     made = [_materialize(x) for x in forward.example_inputs]
     # The step's own tensors (parameters, buffers, inputs): held by the caller through the
@@ -103,6 +107,7 @@ def _compiled_peak(plan: Plan, graphs: Sequence[CompiledGraph], device: torch.de
     unfused, unfused_bytes = _peak_of(forward.unfused, made, resident, device)
     compiled, compiled_bytes = _peak_of(forward.compiled, made, resident, device)
     peaks = [max(plan.timeline[:split]) + compiled_bytes - unfused_bytes]
+    backward_peak = plan.backward_peak
     if rest and split < len(plan.timeline):
         (backward,) = rest
         gradients = {
@@ -116,8 +121,9 @@ def _compiled_peak(plan: Plan, graphs: Sequence[CompiledGraph], device: torch.de
         compiled_bytes = _peak_of(
             backward.compiled, _fed(backward, forward, made, compiled, gradients), resident, device
         )[1]
-        peaks.append(max(plan.timeline[split:]) + compiled_bytes - unfused_bytes)
-    return max(peaks)
+        backward_peak = max(plan.timeline[split:]) + compiled_bytes - unfused_bytes
+        peaks.append(backward_peak)
+    return max(peaks), backward_peak
 
 
 def _fed(

@@ -52,11 +52,14 @@ KERNEL_COPIES, GRAPH_COPIES = "kernel", "graph"  # the ways of PlanOptions.convo
 class Resident:
     """What earlier graphs of the step (before a graph break) hold while a graph runs: the
     bytes their forwards keep for their backwards, as planned and as unplanned, and the
-    step's unplanned peak so far. A graph's budget is the step's, less what they hold."""
+    step's unplanned peak so far; and what later graphs do (`later`: the parameters only
+    they take, and their gradients, held_watch.later_parameters). A graph's budget is the
+    step's, less what they hold."""
 
     held: int = 0
     unplanned_held: int = 0
     unplanned_step_peak: int = 0
+    later: int = 0
 
     def step_unplanned(self, unplanned_peak: int) -> int:
         """The step's unplanned peak, given a graph's own: the most of it, with what the
@@ -68,13 +71,14 @@ class Resident:
         return Resident(*(max(a, b) for a, b in zip(self.counts, other.counts, strict=True)))
 
     @property
-    def counts(self) -> tuple[int, int, int]:
-        return self.held, self.unplanned_held, self.unplanned_step_peak
+    def counts(self) -> tuple[int, int, int, int]:
+        return self.held, self.unplanned_held, self.unplanned_step_peak, self.later
 
     def budget_of(self, budget: Budget, unplanned_peak: int) -> int:
         """A graph's budget in bytes, given its own unplanned peak: the step's budget less
-        what the earlier graphs hold (at least 1 byte)."""
-        return max(1, budget.resolve(self.step_unplanned(unplanned_peak)) - self.held)
+        what the earlier and later graphs hold (at least 1 byte)."""
+        step_budget = budget.resolve(self.step_unplanned(unplanned_peak))
+        return max(1, step_budget - self.held - self.later)
 
 
 def plan_graph(
@@ -135,6 +139,7 @@ def plan_graph(
         unplanned_held=_kept_for_backward(graph, unplanned, reference.schedule.split),
         resident=resident.held,
         unplanned_step_peak=resident.step_unplanned(unplanned.peak),
+        output_bytes=_forward_outputs(graph),
     )
     return plan, result.schedule
 
@@ -150,8 +155,12 @@ def unplanned_step(graph: Graph, options: SolverOptions) -> tuple[SolveResult, M
 def _kept_for_backward(graph: Graph, trace: MemoryTrace, split: int) -> int:
     """Bytes live at the end of the forward other than its outputs (which a later graph
     counts as its inputs): parameters, inputs and what the backward reads."""
-    outputs = sum(graph[o].bytes for o in graph.outputs if not graph[o].is_backward)
-    return max(0, trace.live[split - 1] - outputs) if split else 0
+    return max(0, trace.live[split - 1] - _forward_outputs(graph)) if split else 0
+
+
+def _forward_outputs(graph: Graph) -> int:
+    """The bytes of the graph's forward outputs."""
+    return sum(graph[o].bytes for o in graph.outputs if not graph[o].is_backward)
 
 
 def _layout_seconds(options: PlanOptions) -> float:

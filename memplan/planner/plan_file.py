@@ -68,10 +68,15 @@ class Plan:
     unplanned_held: int = 0
     resident: int = 0
     unplanned_step_peak: int = 0
+    # The bytes of the graph's forward outputs, which its peaks count to the end of its
+    # backward: in a step of several graphs, the next graph's inputs, freed by then unless
+    # the caller holds them (held_watch.step_peaks). 0 in plans written before.
+    output_bytes: int = 0
     # Graphs compiled by Inductor: the predicted peak of what Inductor runs, the simulated
     # peak corrected by its kernels' measured difference (planner/compiled_peak.py); 0
     # where memplan runs the planned graphs itself.
     compiled_peak: int = 0
+    compiled_backward_peak: int = 0  # of its backward (in plans written since)
     # Whether a solve behind the plan ran to its time limit: its schedule is the best found
     # by then, which depends on how busy the machine was (such plans are not cached).
     cut_short: bool = False
@@ -80,6 +85,14 @@ class Plan:
     def peak(self) -> int:
         """The predicted peak of the graph as it runs: Inductor's where it compiled it."""
         return self.compiled_peak or self.predicted_peak
+
+    @property
+    def backward_peak(self) -> int:
+        """The predicted peak of the graph's backward as it runs: Inductor's where it
+        compiled it (and a plan recorded it), else the simulator's."""
+        if self.compiled_backward_peak:
+            return self.compiled_backward_peak
+        return max(self.timeline[self.backward_start :], default=0)
 
     @property
     def step_peak(self) -> int:
@@ -217,6 +230,8 @@ _PLAN_FIELDS: dict[str, checks.Check] = {
     "unplanned_held": checks.count,
     "resident": checks.count,
     "unplanned_step_peak": checks.count,
+    "output_bytes": checks.count,
     "compiled_peak": checks.count,
+    "compiled_backward_peak": checks.count,
     "cut_short": checks.flag,
 }

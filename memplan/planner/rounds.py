@@ -73,7 +73,7 @@ def checked_round(
     assert graphs is not None and len(partitioner.plans) == index + 1
     device = partitioner.lowered[-1].device
     try:
-        peak = compiled_peak(plan, graphs.graphs, device)
+        peak, backward_peak = compiled_peak(plan, graphs.graphs, device)
     except Exception as error:  # a check that fails must not fail the user's compile
         if quiet:
             return Round(compiled, plan, inner, schedule)
@@ -87,7 +87,8 @@ def checked_round(
     if plan.status == "best-effort":
         # At the least, the least is what Inductor runs.
         plan = dataclasses.replace(plan, budget=max(plan.budget, peak))
-    return Round(compiled, dataclasses.replace(plan, compiled_peak=peak), inner, schedule)
+    checked = dataclasses.replace(plan, compiled_peak=peak, compiled_backward_peak=backward_peak)
+    return Round(compiled, checked, inner, schedule)
 
 
 def layout_may_cost(partitioner: Partitioner, plans: Sequence[Plan], target: int) -> bool:
