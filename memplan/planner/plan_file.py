@@ -96,7 +96,9 @@ class Plan:
 
     @property
     def step_peak(self) -> int:
-        """The step's predicted peak while this graph runs: its own and what is resident."""
+        """The step's predicted peak while this graph runs, as far as the plan knows: its own
+        and what the graphs before it hold. The parameters of later graphs, and their
+        gradients, are the step's to count (held_watch.step_peaks)."""
         return self.peak + self.resident
 
     @property
