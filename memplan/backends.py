@@ -13,7 +13,9 @@ allowed for is planned again for what they held (held_watch.py).
 
 A graph Dynamo traced with dynamic shapes is planned at its traced sizes and runs at any
 (planner/shapes.py); at sizes where that plan exceeds the budget it is planned again
-(`shape_dispatch.ShapeDispatch`), up to MAX_SHAPE_PLANS per graph.
+(`shape_dispatch.ShapeDispatch`), up to MAX_SHAPE_PLANS per graph. The plan that runs at a
+call's sizes is the graph's in the step (`running`): the graphs after it count what it
+holds there (step.py).
 
 Under Inductor, a plan's peak is checked as Inductor compiled it (planner/compiled_peak.py),
 and the graph is planned again at a budget moved by what Inductor's kernels hold over or
@@ -27,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch._functorch.config as functorch_config
@@ -45,8 +47,6 @@ from memplan.held_watch import (
     HeldWatch,
     WaitingCalls,
     make_room,
-    resident_before,
-    step_peaks,
 )
 from memplan.planner.capture import boxed_runner
 from memplan.planner.compiled_peak import CompiledGraphs
@@ -56,7 +56,7 @@ from memplan.planner.inductor_steps import (
     inductor_decompositions,
 )
 from memplan.planner.options import PlanOptions
-from memplan.planner.plan import Partitioner, RepeatedPlan, say_again
+from memplan.planner.plan import Partitioner, RepeatedPlan, Resident, say_again
 from memplan.planner.plan_file import Plan
 from memplan.planner.rounds import (
     INDUCTOR_ROUNDS,
@@ -75,20 +75,13 @@ from memplan.planner.rounds import (
     peak_with_room,
     replanned_note,
 )
-from memplan.planner.shapes import signature_of, size_symbols
+from memplan.planner.shapes import ShapeSignature, signature_of, size_symbols
 from memplan.shape_dispatch import ShapeDispatch
 from memplan.spinner import spinner
+from memplan.step import StepKey, graph_key, resident_before, step_peaks
 from memplan.units import format_bytes
 
 INNER_COMPILERS = ("inductor", "eager")
-
-
-class StepKey(NamedTuple):
-    """A graph's entry in the step (MemplanBackend.step)."""
-
-    frame: int  # Dynamo's frame id, -1 outside one
-    index: int  # the graph's place among its frame compile's graphs
-    parameters: frozenset[int]  # ids of the parameters it takes as inputs
 
 
 class MemplanBackend:
@@ -158,7 +151,7 @@ class MemplanBackend:
 
     @property
     def predicted_step_peak(self) -> int:
-        """The step's predicted peak over its graphs (held_watch.step_peaks; 0 before any
+        """The step's predicted peak over its graphs (step.step_peaks; 0 before any
         graph is planned)."""
         return max(step_peaks(self.step, self.parameters).values(), default=0)
 
@@ -178,36 +171,47 @@ class MemplanBackend:
             self.budget, self.options, name=name, keep_plans=True, reuse=self.reuse
         )
         partitioner.sizes = signature_of(symbols, example_inputs)
-        key = self._graph_key(example_inputs)
+        key = graph_key(example_inputs, self._graphs_of, self.parameters)
         partitioner.resident = resident_before(self.step, key)
         compiled = self.compile(gm, example_inputs, partitioner)
         if not partitioner.plans:  # no backward: nothing planned
             return compiled
-        self.step[key] = plan = partitioner.plans[-1]
+        plan, sizes = partitioner.plans[-1], partitioner.sizes
+        run = self.watched(gm, key, name, compiled, plan, partitioner.resident, sizes)
         if symbols:  # planned at its hints, and again at sizes the plan does not hold
-            compiled = ShapeDispatch(self, gm, symbols, partitioner, compiled)
-        again = None if symbols else GraphAgain(self, gm, key, name, partitioner.resident)
-        watch = HeldWatch(compiled, plan, self.waiting, again)
-        if again is None:  # a graph of symbolic sizes is not planned again for the step
-            self.watches.pop(key, None)
-        else:
-            self.watches[key] = watch
-            make_room(self.watches, self.step, key, self.parameters)
+            run = ShapeDispatch(self, gm, symbols, partitioner, compiled, key, run)
         # Dynamo runs what a backend returns inside the compiled frame: not to be traced.
-        return torch._dynamo.disable(watch, reason="memplan checks what the step holds")
+        return torch._dynamo.disable(run, reason="memplan checks what the step holds")
 
-    def _graph_key(self, example_inputs: Sequence[Any]) -> StepKey:
-        """Graph `example_inputs` are of: (Dynamo frame, index of the graph in the frame's
-        compile, ids of the parameters it takes); (-1, n, ...) outside a frame."""
-        compile_id = torch._guards.CompileContext.current_compile_id()
-        index = self._graphs_of.get(compile_id, 0)
-        self._graphs_of[compile_id] = index + 1
-        frame = -1 if compile_id is None or compile_id.frame_id is None else compile_id.frame_id
-        taken = [x for x in example_inputs if isinstance(x, torch.nn.Parameter)]
-        for parameter in taken:
-            gradient = parameter.nbytes if parameter.requires_grad else 0
-            self.parameters[id(parameter)] = (parameter.nbytes, gradient)
-        return StepKey(frame, index, frozenset(id(x) for x in taken))
+    def watched(
+        self,
+        gm: torch.fx.GraphModule,
+        key: StepKey,
+        name: str,
+        compiled: Callable[..., Any],
+        plan: Plan,
+        resident: Resident,
+        sizes: ShapeSignature = (),
+    ) -> HeldWatch:
+        """`compiled` (`gm` as `plan` runs it, at `sizes` where its shapes are dynamic) as
+        graph `key` of the step (named `name`), checked against what earlier calls hold
+        and planned again for the step (held_watch.py); the later graphs it leaves over
+        the budget are told (make_room)."""
+        again = GraphAgain(self, gm, key, name, resident, sizes)
+        watch = HeldWatch(compiled, plan, self.waiting, again)
+        self.running(key, watch)
+        make_room(self.watches, self.step, key, self.parameters)
+        return watch
+
+    def running(self, key: StepKey, watch: HeldWatch) -> None:
+        """`watch` runs graph `key` in the step now: at the sizes of this call, for a graph
+        of dynamic shapes, whose plan the graphs after it then count."""
+        self.step[key] = watch.plan
+        self.watches[key] = watch
+
+    def resident_for(self, key: StepKey) -> Resident:
+        """What the graphs before graph `key` hold in the step now."""
+        return resident_before(self.step, key)
 
     def reset(self) -> None:
         """Forget the step: torch._dynamo.reset() calls it (through torch.compile's

@@ -36,10 +36,9 @@ planned again at its next step with them resident (`_hold_later_parameters`).
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import warnings
 import weakref
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -47,10 +46,13 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 from torch.autograd.function import BackwardCFunction
 
+from memplan.budget import Budget
 from memplan.errors import MemplanWarning
+from memplan.planner.options import PlanOptions
 from memplan.planner.plan import Partitioner, Resident
 from memplan.planner.plan_file import Plan
-from memplan.shape_dispatch import Planner
+from memplan.planner.shapes import ShapeSignature
+from memplan.step import keys_before, later_parameters, resident_before, step_peaks
 from memplan.units import format_bytes
 
 # Per graph: after how many of its steps whose calls found earlier calls waiting, and
@@ -196,26 +198,50 @@ def _fake(inputs: Iterable[Any]) -> bool:
     return first is not None and is_fake(first)
 
 
-class Backend(Planner, Protocol):
-    """What planning a graph again needs of the backend (backends.MemplanBackend): what
-    planning one for new sizes does, and its plans and the step's."""
+class Backend(Protocol):
+    """What planning a graph again needs of the backend (backends.MemplanBackend), and
+    running one of dynamic shapes (shape_dispatch.ShapeDispatch): its budget, options and
+    compile, its plans and the step's, and how a graph's run joins the step."""
 
+    budget: Budget
+    options: PlanOptions
     plans: list[Plan]
-    step: dict[Any, Plan]  # by each graph's place in the step (backends.StepKey)
+    step: dict[Any, Plan]  # by each graph's place in the step (step.StepKey)
     watches: dict[Any, HeldWatch]  # the same graphs' watches
     parameters: dict[int, tuple[int, int]]  # the graphs' parameters' bytes (step_peaks)
+
+    def compile(
+        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], partitioner: Partitioner
+    ) -> Callable[..., Any]: ...
+
+    def watched(
+        self,
+        gm: torch.fx.GraphModule,
+        key: Any,
+        name: str,
+        compiled: Callable[..., Any],
+        plan: Plan,
+        resident: Resident,
+        sizes: ShapeSignature = (),
+    ) -> HeldWatch: ...
+
+    def running(self, key: Any, watch: HeldWatch) -> None: ...
+
+    def resident_for(self, key: Any) -> Resident: ...
 
 
 @dataclass
 class GraphAgain:
     """Graph `key` of `backend` (`gm`, named `name`, first planned with `resident` held
-    by the graphs before it), planned and compiled again for more held."""
+    by the graphs before it; of dynamic shapes, run at `sizes`), planned and compiled
+    again for more held: at those sizes only, traced on a call's own tensors."""
 
     backend: Backend
     gm: torch.fx.GraphModule
     key: Hashable
     name: str
     resident: Resident
+    sizes: ShapeSignature = ()
 
     def plan(
         self, args: list[Any], held: Resident, why: str = "", room: int = 0
@@ -231,6 +257,7 @@ class GraphAgain:
         partitioner = Partitioner(self.backend.budget, options, name=name, keep_plans=True)
         partitioner.resident = self.resident.with_at_least(held)
         partitioner.room = room
+        partitioner.sizes = self.sizes
         with warnings.catch_warnings():  # of a budget cut by a bound: HeldWatch checks
             warnings.simplefilter("ignore", MemplanWarning)
             compiled = self.backend.compile(self.gm, args, partitioner)
@@ -466,53 +493,6 @@ class HeldWatch:
                 low = middle
         again.keep(plan)
         self.compiled, self.plan, self.running = compiled, plan, plan
-
-
-def keys_before(step: dict[Any, Plan], key: Hashable) -> list[Hashable]:
-    """The graphs of `step` (backends.MemplanBackend.step) compiled before graph `key`
-    first was, in the step's order."""
-    return list(itertools.takewhile(lambda seen: seen != key, step))
-
-
-def resident_before(step: dict[Any, Plan], key: Hashable) -> Resident:
-    """What the graphs of `step` (backends.MemplanBackend.step) compiled before graph `key`
-    first was hold."""
-    earlier = [step[seen] for seen in keys_before(step, key)]
-    return Resident(
-        held=sum(p.held for p in earlier),
-        unplanned_held=sum(p.unplanned_held for p in earlier),
-        unplanned_step_peak=max((p.unplanned_step_peak for p in earlier), default=0),
-    )
-
-
-def later_parameters(
-    step: dict[Any, Plan], key: Hashable, parameters: dict[int, tuple[int, int]]
-) -> tuple[int, int]:
-    """The bytes of the parameters that only graphs of `step` after graph `key` take, and of
-    their gradients (`parameters`: by id, as StepKey.parameters names them). The step holds
-    the parameters while graph `key` runs; the later graphs' backwards make the gradients
-    before its backward runs. 0 and 0 for a graph last in the step."""
-    keys = list(step)
-    at = keys.index(key) + 1
-    counted = set().union(*(k.parameters for k in keys[:at]))
-    later = set().union(*(k.parameters for k in keys[at:])) - counted
-    return sum(parameters[p][0] for p in later), sum(parameters[p][1] for p in later)
-
-
-def step_peaks(step: dict[Any, Plan], parameters: dict[int, tuple[int, int]]) -> dict[Any, int]:
-    """The predicted peak of the step (backends.MemplanBackend.step) while each of its
-    graphs runs: its own peak and what the graphs before it hold (Plan.step_peak), with
-    the parameters only graphs after it take and, during its backward, their gradients
-    (later_parameters). There, a graph followed by others no longer holds its forward's
-    outputs (their inputs), which its own backward's peak counts (Plan.output_bytes). Its
-    forward's peak is not known apart: its own peak stands for it."""
-    peaks = {}
-    for index, (key, plan) in enumerate(step.items()):
-        held, made = later_parameters(step, key, parameters)
-        outputs = plan.output_bytes if index + 1 < len(step) else 0
-        own = max(plan.peak, plan.backward_peak - outputs + made)
-        peaks[key] = plan.resident + held + own
-    return peaks
 
 
 def make_room(

@@ -2,20 +2,24 @@
 
 A graph Dynamo traced with symbolic sizes is planned at its hints, and that plan runs at
 any sizes where its prediction holds the budget; elsewhere the graph is planned and
-compiled again for the call's sizes, up to MAX_SHAPE_PLANS per graph.
+compiled again for the call's sizes, up to MAX_SHAPE_PLANS per graph. Either way, what
+the graphs before it in the step hold is what they hold at the sizes they ran at in this
+step, and the plan that runs at a call's sizes is the graph's plan in the step while the
+step runs at them (the backend's `watched`: so the graphs after it count what it holds
+there, and across graph breaks it leaves them room at those sizes).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Hashable
+from typing import Any
 
 import torch
 
-from memplan.budget import Budget
 from memplan.errors import MemplanWarning
-from memplan.planner.options import PlanOptions
+from memplan.held_watch import Backend, HeldWatch
 from memplan.planner.plan import Partitioner
 from memplan.planner.shapes import ShapeSignature, SizeSymbol, describe, signature_of
 from memplan.units import format_bytes
@@ -25,36 +29,28 @@ from memplan.units import format_bytes
 MAX_SHAPE_PLANS = 8
 
 
-class Planner(Protocol):
-    """What a ShapeDispatch needs of the backend that made it (backends.MemplanBackend)."""
-
-    budget: Budget
-    options: PlanOptions
-
-    def compile(
-        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], partitioner: Partitioner
-    ) -> Callable[..., Any]: ...
-
-
 class ShapeDispatch:
-    """Runs a graph of dynamic shapes: the plan made at its hints where its prediction at
-    a call's sizes holds the budget, else a plan made for those sizes (kept per size
-    signature, at most MAX_SHAPE_PLANS)."""
+    """Runs graph `key` of the step, of dynamic shapes: at each size signature, the plan
+    made at its hints where its prediction there holds the budget, else a plan made for
+    those sizes (at most MAX_SHAPE_PLANS), each run as the backend watches it."""
 
     def __init__(
         self,
-        backend: Planner,
+        backend: Backend,
         gm: torch.fx.GraphModule,
         symbols: tuple[SizeSymbol, ...],
         generic: Partitioner,
         compiled: Callable[..., Any],
+        key: Hashable,
+        run: HeldWatch,
     ) -> None:
         self.backend = backend
         self.gm = gm
         self.symbols = symbols
         self.generic = generic
-        self.compiled = compiled
-        self.runs: dict[ShapeSignature, Callable[..., Any]] = {generic.sizes: compiled}
+        self.compiled = compiled  # the plan made at the hints, compiled
+        self.key = key
+        self.runs: dict[ShapeSignature, HeldWatch] = {generic.sizes: run}
         self.specialized = 0
 
     def __call__(self, *args: Any) -> Any:
@@ -65,34 +61,43 @@ class ShapeDispatch:
         if run is None:
             # Planning raises (best_effort=False) before anything of the step has run.
             run = self.runs[sizes] = self._run_for(sizes, list(flat))
+        else:
+            self.backend.running(self.key, run)
         return run(*args)
 
-    def _run_for(self, sizes: ShapeSignature, args: list[Any]) -> Callable[..., Any]:
-        """The generic plan where it holds the budget at `sizes`, else a plan of its own."""
-        budget = self.backend.budget
-        peaks = self.generic.peaks_at(sizes)
-        held = [(p, self.generic.resident.budget_of(budget, u)) for p, u in peaks]
-        if all(peak <= asked for peak, asked in held):
-            return self.compiled
-        peak, asked = max(held, key=lambda h: h[0] - h[1])
-        if self.specialized >= MAX_SHAPE_PLANS:
+    def _run_for(self, sizes: ShapeSignature, args: list[Any]) -> HeldWatch:
+        """The generic plan where it holds the budget at `sizes`, with what the graphs
+        before it hold now, else a plan of its own."""
+        name = f"{self.generic.name}[{describe(sizes)}]"
+        resident = self.backend.resident_for(self.key)
+        plan = self.generic.at_sizes(sizes)
+        asked = resident.budget_of(self.backend.budget, plan.unplanned_peak)
+        plan = dataclasses.replace(
+            plan,
+            name=name,
+            resident=resident.held,
+            unplanned_step_peak=resident.step_unplanned(plan.unplanned_peak),
+            requested_budget=asked,
+            budget=asked if plan.peak <= asked else plan.peak,
+        )
+        compiled = self.compiled
+        if plan.peak > asked and self.specialized >= MAX_SHAPE_PLANS:
             warnings.warn(
                 f"{self.generic.name} at sizes {describe(sizes)}: the plan made at "
-                f"{describe(self.generic.sizes)} predicts {format_bytes(peak)}, above the "
-                f"budget of {format_bytes(asked)}; {MAX_SHAPE_PLANS} sizes have plans of "
-                "their own already, so it runs as planned",
+                f"{describe(self.generic.sizes)} predicts {format_bytes(plan.peak)}, above "
+                f"the budget of {format_bytes(asked)}; {MAX_SHAPE_PLANS} sizes have plans "
+                "of their own already, so it runs as planned",
                 MemplanWarning,
                 stacklevel=3,
             )
-            return self.compiled
-        self.specialized += 1
-        partitioner = Partitioner(
-            budget,
-            self.backend.options,
-            name=f"{self.generic.name}[{describe(sizes)}]",
-            keep_plans=True,
-        )
-        partitioner.sizes = sizes
-        partitioner.resident = self.generic.resident
-        # Traced again on the call's own tensors: a graph of these sizes only.
-        return self.backend.compile(self.gm, args, partitioner)
+        elif plan.peak > asked:
+            self.specialized += 1
+            partitioner = Partitioner(
+                self.backend.budget, self.backend.options, name=name, keep_plans=True
+            )
+            partitioner.sizes = sizes
+            partitioner.resident = resident
+            # Traced again on the call's own tensors: a graph of these sizes only.
+            compiled = self.backend.compile(self.gm, args, partitioner)
+            plan = partitioner.plans[-1]
+        return self.backend.watched(self.gm, self.key, name, compiled, plan, resident, sizes)

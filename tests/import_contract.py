@@ -2,7 +2,7 @@
 (inside functions and TYPE_CHECKING blocks too), checked against the layers of
 docs/pipeline.md.
 
-    face (memplan, api, backends, named_backend, shape_dispatch, held_watch, spinner, cli)
+    face (memplan, api, backends, named_backend, shape_dispatch, held_watch, step, spinner, cli)
         -> tools -> planner -> passes, solvers -> core
 
 The core imports nothing of memplan outside it, and graph.py nothing but errors; the core
@@ -31,6 +31,7 @@ FACE = frozenset(
         "memplan.backends",
         "memplan.shape_dispatch",
         "memplan.held_watch",
+        "memplan.step",
         "memplan.named_backend",
         "memplan.spinner",
         "memplan.cli",

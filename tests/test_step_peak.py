@@ -1,4 +1,4 @@
-"""The predicted peak of a step Dynamo compiles as several graphs (held_watch.step_peaks)."""
+"""The predicted peak of a step Dynamo compiles as several graphs (memplan.step.step_peaks)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ import dataclasses
 
 from test_plan_file import hand_made_plan
 
-from memplan.backends import StepKey
-from memplan.held_watch import later_parameters, step_peaks
 from memplan.planner.plan_file import Plan
+from memplan.step import StepKey, later_parameters, step_peaks
 
 MiB = 2**20
 

@@ -53,7 +53,7 @@ class Resident:
     """What earlier graphs of the step (before a graph break) hold while a graph runs: the
     bytes their forwards keep for their backwards, as planned and as unplanned, and the
     step's unplanned peak so far; and what later graphs do (`later`: the parameters only
-    they take, and their gradients, held_watch.later_parameters). A graph's budget is the
+    they take, and their gradients, memplan.step.later_parameters). A graph's budget is the
     step's, less what they hold."""
 
     held: int = 0
@@ -414,29 +414,43 @@ class Partitioner:
             made.append(kept)  # type: ignore[arg-type]
         self.plans[first] = plan
 
-    def peaks_at(self, sizes: ShapeSignature) -> list[tuple[int, int]]:
-        """Per plan made: (predicted peak, unplanned peak) at other sizes of a graph of
-        dynamic shapes, the schedule kept. Bytes are evaluated at `sizes`; times and
-        transients are the profile's at the hints, a transient scaled with its node's
-        bytes. A plan Inductor compiled keeps its measured difference from the unfused
-        graphs (Plan.compiled_peak) in proportion to the peak."""
-        peaks = []
-        for plan, lowered, schedule in zip(self.plans, self.lowered, self.schedules, strict=True):
-            traced = lowered.graph
-            # Offload threshold 0: a schedule's offloads stay legal at smaller sizes.
-            resized = lower(
-                lowered.joint, lowered.num_fwd_outputs, offload_threshold=0, size=at(sizes)
-            ).graph
-            scaled = [
-                n.workspace * r.bytes // n.bytes if n.bytes else n.workspace
-                for n, r in zip(traced, resized, strict=True)
-            ]
-            graph = resized.replace_times([n.time for n in traced], scaled)
-            options = self.options.solver_options(lowered.device.type)
-            planned = simulate(graph, schedule, bandwidth=options.bandwidth).peak
-            planned = planned * plan.peak // max(1, plan.predicted_peak)
-            peaks.append((planned, unplanned_step(graph, options)[1].peak))
-        return peaks
+    def at_sizes(self, sizes: ShapeSignature) -> Plan:
+        """The plan last made, of a graph of dynamic shapes, as it runs at other sizes, its
+        schedule kept: its peaks, timeline, bytes kept for the backward and forward outputs
+        evaluated at `sizes`, and its unplanned peak there. Times and transients are the
+        profile's at the hints, a transient scaled with its node's bytes. A plan Inductor
+        compiled keeps its measured difference from the unfused graphs (Plan.compiled_peak)
+        in proportion to the peak."""
+        plan, lowered, schedule = self.plans[-1], self.lowered[-1], self.schedules[-1]
+        traced = lowered.graph
+        # Offload threshold 0: a schedule's offloads stay legal at smaller sizes.
+        resized = lower(
+            lowered.joint, lowered.num_fwd_outputs, offload_threshold=0, size=at(sizes)
+        ).graph
+        scaled = [
+            n.workspace * r.bytes // n.bytes if n.bytes else n.workspace
+            for n, r in zip(traced, resized, strict=True)
+        ]
+        graph = resized.replace_times([n.time for n in traced], scaled)
+        options = self.options.solver_options(lowered.device.type)
+        trace = simulate(graph, schedule, bandwidth=options.bandwidth)
+        reference, unplanned = unplanned_step(graph, options)
+
+        def as_compiled(peak: int) -> int:
+            return peak * plan.peak // max(1, plan.predicted_peak) if plan.compiled_peak else 0
+
+        return dataclasses.replace(
+            plan,
+            predicted_peak=trace.peak,
+            compiled_peak=as_compiled(trace.peak),
+            compiled_backward_peak=as_compiled(max(trace.live[schedule.split :], default=0)),
+            unplanned_peak=unplanned.peak,
+            timeline=list(trace.live),
+            held=_kept_for_backward(graph, trace, schedule.split),
+            unplanned_held=_kept_for_backward(graph, unplanned, reference.schedule.split),
+            output_bytes=_forward_outputs(graph),
+            sizes=dict(sizes),
+        )
 
     def _plan(
         self, joint: fx.GraphModule, lowered: Lowered, budget: Budget, resident: Resident

@@ -70,7 +70,7 @@ class Plan:
     unplanned_step_peak: int = 0
     # The bytes of the graph's forward outputs, which its peaks count to the end of its
     # backward: in a step of several graphs, the next graph's inputs, freed by then unless
-    # the caller holds them (held_watch.step_peaks). 0 in plans written before.
+    # the caller holds them (memplan.step.step_peaks). 0 in plans written before.
     output_bytes: int = 0
     # Graphs compiled by Inductor: the predicted peak of what Inductor runs, the simulated
     # peak corrected by its kernels' measured difference (planner/compiled_peak.py); 0
@@ -98,7 +98,7 @@ class Plan:
     def step_peak(self) -> int:
         """The step's predicted peak while this graph runs, as far as the plan knows: its own
         and what the graphs before it hold. The parameters of later graphs, and their
-        gradients, are the step's to count (held_watch.step_peaks)."""
+        gradients, are the step's to count (memplan.step.step_peaks)."""
         return self.peak + self.resident
 
     @property
