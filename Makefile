@@ -43,6 +43,7 @@ bench: test-slow
 	$(BIN)/python -m benchmarks.repeated_calls
 	$(BIN)/python -m benchmarks.own_checkpointing
 	$(BIN)/python -m benchmarks.graph_breaks
+	$(BIN)/python -m benchmarks.changing_breaks
 	$(BIN)/python -m benchmarks.models
 	$(BIN)/python -m benchmarks.roofline
 	$(BIN)/python -m benchmarks.fit

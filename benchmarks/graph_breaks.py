@@ -74,7 +74,8 @@ CASES: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]] = {
 }
 
 
-def _grad_error(model: nn.Module, eager: nn.Module) -> float:
+def grad_error(model: nn.Module, eager: nn.Module) -> float:
+    """The largest absolute difference of `model`'s gradients from `eager`'s."""
     return max(
         (a.grad - b.grad).abs().max().item()
         for a, b in zip(model.parameters(), eager.parameters(), strict=True)
@@ -108,7 +109,7 @@ def _memplan(budget: str, model: nn.Module, inputs: tuple, eager: nn.Module) -> 
         for param in planned.parameters():
             param.grad = None
         peaks.append(measure_peak(step, resident=resident, device=CPU).peak_bytes)
-    error = _grad_error(planned, eager)
+    error = grad_error(planned, eager)
     seconds = median_step_seconds(step, device=CPU)
     kept = list(backend.step.values())
     return {

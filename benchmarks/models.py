@@ -453,6 +453,7 @@ def results_markdown(runs: list[Run], where: dict[str, Any], dates: dict[str, st
         "1e-6). Step times on a small shared CPU are noisy to several percent.",
         "",
     ]
+    from benchmarks.changing_breaks import changing_breaks_section
     from benchmarks.compiled import compiled_section  # here: it imports this module
     from benchmarks.graph_breaks import graph_breaks_section
     from benchmarks.inductor_peaks import inductor_peaks_section
@@ -463,6 +464,7 @@ def results_markdown(runs: list[Run], where: dict[str, Any], dates: dict[str, st
     lines += sweep_section(where) + compiled_section() + training_loop_section(where)
     lines += inductor_peaks_section(where) + repeated_calls_section(where)
     lines += own_checkpointing_section(where) + graph_breaks_section(where)
+    lines += changing_breaks_section(where)
     for model in _models(runs):
         rows = [r for r in runs if r.model == model]
         eager = rows[0]

@@ -1,0 +1,120 @@
+"""`python -m benchmarks.changing_breaks`: one budget across graph breaks as the batch changes.
+
+Four parts of three checkpointed blocks (width 256, a graph break between each two;
+`benchmarks.blocks.checkpointed_parts`) under one memplan backend with Inductor at an
+absolute budget of 45 MiB (the step's unplanned peak at a batch of 2048 is 44.06 MiB),
+trained at batches of 2048, 1536, 2048, 1024 and 2048, as a loop whose last batch of an
+epoch is smaller does. At 1536 Dynamo compiles the graphs again with a dynamic batch
+(shape_dispatch.py): each graph is then checked against what the graphs before it hold at
+the batch they ran at, and a graph over its share leaves the later ones room at that
+batch, as a graph of static shapes does (held_watch.py). At each batch two steps run as a
+user runs them (they compile and plan; inside the allocator's recording their compiles
+could not read the allocator), and the allocator reads a third, against the step's
+prediction at that batch (`backend.predicted_step_peak`). Gradients: the largest
+absolute difference from eager's at each batch.
+Writes benchmarks/results/changing-breaks-<device>.json and its section of docs/results.md.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.progress import track
+
+import memplan
+from benchmarks.blocks import checkpointed_parts
+from benchmarks.graph_breaks import grad_error
+from benchmarks.models import machine
+from benchmarks.pages import saved_section, section_benchmark
+from memplan.errors import MemplanWarning
+from memplan.planner.measure import measure_peak
+from memplan.tools.verify import resident_tensors, training_step
+from memplan.units import format_bytes
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+PAGE = ROOT / "docs" / "results.md"
+MARKERS = ("<!-- changing breaks: start -->", "<!-- changing breaks: end -->")
+BUDGET = 45 * 2**20
+BATCHES = (2048, 1536, 2048, 1024, 2048)
+CPU = torch.device("cpu")
+
+
+def measure() -> dict[str, Any]:
+    model, (x, y) = checkpointed_parts(4)
+    torch._dynamo.reset()
+    backend = memplan.backend(budget=BUDGET, progress=False)
+    compiled = torch.compile(model, backend=backend)
+    eager = copy.deepcopy(model)
+    steps = []
+    for batch in track(BATCHES, description="changing breaks"):
+        inputs = (x[:batch], y[:batch])
+        step = training_step(compiled, inputs)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always", MemplanWarning)
+            for _ in range(2):
+                step()
+                model.zero_grad(set_to_none=True)
+        peak = measure_peak(step, resident=resident_tensors(model, inputs), device=CPU)
+        eager.zero_grad(set_to_none=True)
+        training_step(eager, inputs)()
+        steps.append(
+            {
+                "batch": batch,
+                "peak": peak.peak_bytes,
+                "predicted_peak": backend.predicted_step_peak,
+                "warnings": len(said),
+                "max_grad_error": grad_error(model, eager),
+                "plans": [p.name for p in backend.step.values()],
+            }
+        )
+    return {"machine": machine("cpu"), "budget": BUDGET, "steps": steps}
+
+
+def section_text(saved: dict[str, Any]) -> str:
+    """The section of docs/results.md."""
+    where, budget = saved["machine"], saved["budget"]
+    lines = [
+        "## One budget across graph breaks as the batch changes",
+        "",
+        f"Written by `python -m benchmarks.changing_breaks` ({where['date']}, "
+        f"{where['device_name']}, {where['cpu_threads']} threads, torch {where['torch']}): "
+        "four checkpointed parts with a graph break between each two under one memplan "
+        f"backend with Inductor at {format_bytes(budget)}, the batch changing between "
+        "steps; from the first smaller batch Dynamo compiles the graphs with a dynamic "
+        "batch. Peak: the allocator's, of the third step at each batch (the first two "
+        "plan and compile); predicted: the step's at that batch; warnings: memplan's, in "
+        "the first two steps. Plans: each graph's plan in the step at that batch.",
+        "",
+        "| batch | peak | predicted | within | warnings | plans | max grad error |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s in saved["steps"]:
+        lines.append(
+            f"| {s['batch']} | {format_bytes(s['peak'])} | {format_bytes(s['predicted_peak'])} "
+            f"| {'yes' if s['peak'] <= budget else 'no'} | {s['warnings']} | "
+            f"{'; '.join(s['plans'])} | {s['max_grad_error']:.1e} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def changing_breaks_section(where: dict[str, Any]) -> list[str]:
+    """The section for docs/results.md with its markers, where this benchmark has run on
+    `where`'s device; benchmarks.models' results_markdown adds it to the page."""
+    path = RESULTS / f"changing-breaks-{where['device']}.json"
+    return saved_section(path, section_text, *MARKERS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    path = RESULTS / f"changing-breaks-{machine('cpu')['device']}.json"
+    return section_benchmark(
+        argv, __doc__.splitlines()[0], path, PAGE, MARKERS, measure, section_text
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
