@@ -431,11 +431,26 @@ class HeldWatch:
             return False
         if self.worst is not None and bytes_held <= self.worst.resident.held:
             return True
+        if not self.warned and bytes_held <= plan.resident:
+            # Over by its own peak alone: planned again for more than is held now, it is
+            # the least found for what its budget then left (best effort).
+            self.warned = True
+            warnings.warn(
+                f"{plan.name}, planned again for {format_bytes(plan.resident)} held by earlier "
+                f"calls, peaks at {format_bytes(plan.peak)} on its own, the least found for "
+                f"what that left of the budget: with the {format_bytes(bytes_held)} they hold "
+                f"now, this step peaks about {format_bytes(over)} over its budget of "
+                f"{format_bytes(plan.asked + plan.resident)}",
+                MemplanWarning,
+                stacklevel=3,
+            )
         if not self.warned:
             self.warned = True
             why = (
                 "A module compiled on its own and called more than once before backward "
-                "does this (a siamese encoder, or each block of a model compiled alone)"
+                "does this (a siamese encoder, or each block of a model compiled alone), as "
+                "does an output kept from a call with gradients whose backward never runs "
+                "(an evaluation outside torch.no_grad)"
             )
             warnings.warn(
                 f"{plan.name} ran while earlier calls still held {format_bytes(bytes_held)} "

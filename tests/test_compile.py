@@ -1174,6 +1174,48 @@ def test_a_module_called_twice_before_its_backward_is_planned_again_for_the_firs
         torch.testing.assert_close(grad, want, rtol=1e-4, atol=1e-5)
 
 
+def test_a_plan_made_for_what_an_evaluation_kept_says_it_is_over_on_its_own() -> None:
+    """An evaluation's output, kept with its gradients through the next training steps,
+    holds what that call saved: the training graph warns of it, and is planned again for
+    it. At 70% (under the graph's least) that plan is its least, over its budget on its
+    own; once the output is gone, the warning says so, where it said the step was over
+    because earlier calls "still held 0 B" (2-core CPU, 2026-12-01)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512),
+        torch.nn.ReLU(),
+        torch.nn.Dropout(0.1),
+        torch.nn.Linear(512, 512),
+        torch.nn.GELU(),
+        torch.nn.BatchNorm1d(512),
+        torch.nn.Linear(512, 10),
+    )
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=memplan.backend(budget="70%", progress=False))
+    x = torch.randn(128, 256)
+
+    def step() -> None:
+        compiled(x).square().mean().backward()
+
+    with warnings.catch_warnings():  # each graph's budget is under its least
+        warnings.simplefilter("ignore", MemplanWarning)
+        step()
+        model.eval()
+        kept = compiled(x)
+        model.train()
+    with pytest.warns(MemplanWarning) as said:
+        step()
+        step()
+        del kept
+        step()
+        step()
+    messages = [str(w.message) for w in said]
+    assert any("ran while earlier calls still held" in m for m in messages), messages
+    assert not any("still held 0 B" in m for m in messages), messages
+    (own,) = [m for m in messages if "held by earlier calls" in m]
+    assert own.startswith("graph0 (with") and "with the 0 B they hold now" in own
+
+
 def test_each_block_compiled_alone_is_planned_again_for_every_block_before_it() -> None:
     """Regional compilation: each of twelve blocks compiled alone under one backend, one
     graph serving the later blocks. Dynamo compiles it as a recompile of the first
