@@ -42,12 +42,7 @@ from memplan.errors import (
     MemplanError,
     MemplanWarning,
 )
-from memplan.held_watch import (
-    GraphAgain,
-    HeldWatch,
-    WaitingCalls,
-    make_room,
-)
+from memplan.held_watch import GraphAgain, HeldWatch, WaitingCalls, make_room
 from memplan.planner.capture import boxed_runner
 from memplan.planner.compiled_peak import CompiledGraphs
 from memplan.planner.inductor_steps import (
@@ -208,10 +203,6 @@ class MemplanBackend:
         of dynamic shapes, whose plan the graphs after it then count."""
         self.step[key] = watch.plan
         self.watches[key] = watch
-
-    def resident_for(self, key: StepKey) -> Resident:
-        """What the graphs before graph `key` hold in the step now."""
-        return resident_before(self.step, key)
 
     def reset(self) -> None:
         """Forget the step: torch._dynamo.reset() calls it (through torch.compile's

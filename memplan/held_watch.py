@@ -227,8 +227,6 @@ class Backend(Protocol):
 
     def running(self, key: Any, watch: HeldWatch) -> None: ...
 
-    def resident_for(self, key: Any) -> Resident: ...
-
 
 @dataclass
 class GraphAgain:
@@ -434,7 +432,6 @@ class HeldWatch:
         if not self.warned and bytes_held <= plan.resident:
             # Over by its own peak alone: planned again for more than is held now, it is
             # the least found for what its budget then left (best effort).
-            self.warned = True
             warnings.warn(
                 f"{plan.name}, planned again for {format_bytes(plan.resident)} held by earlier "
                 f"calls, peaks at {format_bytes(plan.peak)} on its own, the least found for "
@@ -444,8 +441,7 @@ class HeldWatch:
                 MemplanWarning,
                 stacklevel=3,
             )
-        if not self.warned:
-            self.warned = True
+        elif not self.warned:
             why = (
                 "A module compiled on its own and called more than once before backward "
                 "does this (a siamese encoder, or each block of a model compiled alone), as "
@@ -466,6 +462,7 @@ class HeldWatch:
                 MemplanWarning,
                 stacklevel=3,
             )
+        self.warned = True
         if self.again is not None:
             self.worst = held
         return True

@@ -22,6 +22,7 @@ from memplan.errors import MemplanWarning
 from memplan.held_watch import Backend, HeldWatch
 from memplan.planner.plan import Partitioner
 from memplan.planner.shapes import ShapeSignature, SizeSymbol, describe, signature_of
+from memplan.step import resident_before
 from memplan.units import format_bytes
 
 # Per graph of dynamic shapes: how many sizes may get plans of their own. Each costs a
@@ -69,7 +70,7 @@ class ShapeDispatch:
         """The generic plan where it holds the budget at `sizes`, with what the graphs
         before it hold now, else a plan of its own."""
         name = f"{self.generic.name}[{describe(sizes)}]"
-        resident = self.backend.resident_for(self.key)
+        resident = resident_before(self.backend.step, self.key)
         plan = self.generic.at_sizes(sizes)
         asked = resident.budget_of(self.backend.budget, plan.unplanned_peak)
         plan = dataclasses.replace(
