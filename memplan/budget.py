@@ -7,7 +7,9 @@ own activation checkpointing recomputes recomputed (solvers.baselines.as_written
 the literature's graphs, the reference order's P0). Rounding, documented once:
 
 - a size is floored to whole bytes from its exact value: "1.001 KB" is 1001 bytes and
-  1234.9 is 1234;
+  1234.9 is 1234; but a plain number above 1 and under 1 KiB that is not whole (3.5, "2.5")
+  is refused: no one means 3.5 bytes, and it reads as a size or a share with its unit
+  left out;
 - a share is rounded up from the exact product, as the literature's protocol does
   (B = ceil(m * P0)): "29%" of 100 bytes is 29, "50%" of 1001 bytes is 501.
 
@@ -97,7 +99,7 @@ class Budget:
             number = _as_fraction(value)
             if number <= 1:
                 return cls(fraction=number)
-            return cls(bytes=_whole_bytes(number, shown))
+            return cls(bytes=_plain_bytes(number, shown))
         if not isinstance(value, str):
             raise BudgetError(
                 f"budget must be a str, int or float, got {value!r} of type {type(value).__name__}"
@@ -117,6 +119,8 @@ class Budget:
             share = number / 100 if unit == "%" else number
             _check_share(share, repr(value))
             return cls(fraction=share)
+        if not unit:
+            return cls(bytes=_plain_bytes(number, repr(value)))
         return cls(bytes=_whole_bytes(number * _UNITS[unit], repr(value)))
 
     def resolve(self, unplanned_peak: int, *, of: str = "the unplanned peak") -> int:
@@ -193,6 +197,18 @@ def _whole_bytes(size: Fraction, shown: str) -> int:
     if size < 1:
         raise BudgetError(f"budget {shown} is less than 1 byte")
     return math.floor(size)
+
+
+def _plain_bytes(number: Fraction, shown: str) -> int:
+    """A plain number above 1 as bytes (`_whole_bytes`); BudgetError quoting `shown` where
+    it is not whole and under 1 KiB, a size or a share whose unit was left out."""
+    if number < _UNITS["kib"] and number.denominator != 1:
+        typed = shown.strip("'\" ")
+        raise BudgetError(
+            f"budget {shown}: a plain number above 1 is bytes, and this is not whole; give "
+            f"a unit ('{typed}GiB', '{typed}%')"
+        )
+    return _whole_bytes(number, shown)
 
 
 def _check_share(share: Fraction, shown: str) -> None:

@@ -138,6 +138,10 @@ def test_budget_parse_rejects(value):
         ("1e99999999999999999999", "too large"),  # an exponent int() refuses to read
         ("1e-999999999 GB", "less than 1 byte"),  # not built exactly: that takes minutes
         ("0.5 B", "less than 1 byte"),
+        # a plain number above 1 is bytes: under 1 KiB and not whole, a unit left out
+        (3.5, r"budget 3\.5: a plain number above 1 is bytes.*'3\.5GiB', '3\.5%'"),
+        ("2.5", r"budget '2\.5': a plain number above 1 is bytes.*'2\.5GiB', '2\.5%'"),
+        (1023.5, "is not whole"),
         ("1e400%", r"too large: at most 2\*\*63 - 1 times the peak"),
         ("1e-999999999%", "too small: under 1 byte of any peak"),
         ("1e-18%", "too small"),  # 1e-20 * (2**63 - 1) bytes is under 1 byte
@@ -216,7 +220,7 @@ def test_a_plain_number_up_to_1_is_a_share(value, share):
 
 def test_a_plain_number_above_1_or_with_a_unit_is_bytes():
     assert Budget.parse(2).bytes == 2
-    assert Budget.parse("1.5").bytes == 1
+    assert Budget.parse("1.5 B").bytes == 1  # "1.5" is refused: bytes are whole
     assert Budget.parse("1 B").bytes == 1
     assert Budget.parse("0.8 KiB").bytes == 819  # 819.2, floored
 
