@@ -42,7 +42,7 @@ from memplan.errors import (
     MemplanError,
     MemplanWarning,
 )
-from memplan.held_watch import GraphAgain, HeldWatch, WaitingCalls, make_room
+from memplan.held_watch import GraphAgain, HeldWatch, WaitingCalls
 from memplan.planner.capture import boxed_runner
 from memplan.planner.compiled_peak import CompiledGraphs
 from memplan.planner.inductor_steps import (
@@ -71,6 +71,7 @@ from memplan.planner.rounds import (
     replanned_note,
 )
 from memplan.planner.shapes import ShapeSignature, signature_of, size_symbols
+from memplan.room import RoomsMade, make_room
 from memplan.shape_dispatch import ShapeDispatch
 from memplan.spinner import spinner
 from memplan.step import StepKey, graph_key, resident_before, step_peaks
@@ -143,6 +144,9 @@ class MemplanBackend:
         # Calls of the graphs whose backward has not run, for what they hold (held_watch.py).
         self.waiting = WaitingCalls()
         self.watches: dict[StepKey, HeldWatch] = {}  # the step's graphs' watches, by key
+        # Each graph's watches at every size it has a plan for, and of earlier compiles.
+        self.every_watch: dict[StepKey, list[HeldWatch]] = {}
+        self.rooms: RoomsMade = {}  # the room each graph made for later ones (room.py)
 
     @property
     def predicted_step_peak(self) -> int:
@@ -194,6 +198,7 @@ class MemplanBackend:
         the budget are told (make_room)."""
         again = GraphAgain(self, gm, key, name, resident, sizes)
         watch = HeldWatch(compiled, plan, self.waiting, again)
+        self.every_watch.setdefault(key, []).append(watch)
         self.running(key, watch)
         make_room(self.watches, self.step, key, self.parameters)
         return watch
@@ -209,6 +214,8 @@ class MemplanBackend:
         wrapper), and Dynamo then numbers its frames and compiles from 0 again."""
         self.step.clear()
         self.watches.clear()
+        self.every_watch.clear()
+        self.rooms.clear()
         self._graphs_of.clear()
 
     def compile(

@@ -18,11 +18,10 @@ when it ends), and at the graph's first call of the next step the graph is plann
 for them (`GraphAgain`, `HeldWatch._plan_again`), once. What runs outside the compiled
 graphs is not seen.
 
-Across graph breaks the graphs are planned in the order Dynamo compiles them, and an
-earlier graph knows nothing of the later ones: it can keep so much for its backward that
-a later graph is left under its least (`make_room`, which warns). The graphs before it
-are then planned again at their next step, once, with the most a later graph left short
-needs (its peak, with what the graphs between hold) taken as resident; the later graph
+Across graph breaks a graph before one left under its least (room.make_room, which
+warns) is planned again at its next step, once, with the most a later graph left short
+needs (room.Room: its peak, with what the graphs between hold) taken as resident; or at
+its first call, where it made that room before at the same shapes. The later graph
 runs only between their forwards and their backwards, so the round kept is the fastest
 whose own peak holds the budget with that room given back and whose bytes kept for the
 backward hold it with the room taken (`Partitioner.room`). The graphs after one whose
@@ -30,7 +29,7 @@ plan changed are planned again for what the graphs before them then hold
 (`HeldWatch._plan_for_the_step`). While a graph runs, the step also holds the parameters
 only the graphs after it take, and in its backward their gradients (`step_peaks`): where
 a graph compiled later takes an earlier graph's step over the budget so, the earlier one is
-planned again at its next step with them resident (`_hold_later_parameters`).
+planned again at its next step with them resident (room.make_room).
 """
 
 from __future__ import annotations
@@ -52,7 +51,8 @@ from memplan.planner.options import PlanOptions
 from memplan.planner.plan import Partitioner, Resident
 from memplan.planner.plan_file import Plan
 from memplan.planner.shapes import ShapeSignature
-from memplan.step import keys_before, later_parameters, resident_before, step_peaks
+from memplan.room import Room, RoomsMade, Shapes, shapes_of
+from memplan.step import later_parameters, resident_before
 from memplan.units import format_bytes
 
 # Per graph: after how many of its steps whose calls found earlier calls waiting, and
@@ -69,9 +69,6 @@ VIEW_DEPTH = 4
 # share) the bounds may come before the bisection stops.
 FIXED_POINT_ROUNDS = 3
 SAME_HELD = 0.05
-# How far (a share of the step's budget) a graph may peak over what the graphs before it
-# left before they are planned again to make room: each of them is compiled again.
-ROOM_SLACK = 0.01
 
 
 @dataclass
@@ -208,6 +205,8 @@ class Backend(Protocol):
     plans: list[Plan]
     step: dict[Any, Plan]  # by each graph's place in the step (step.StepKey)
     watches: dict[Any, HeldWatch]  # the same graphs' watches
+    every_watch: dict[Any, list[HeldWatch]]  # each graph's watches, at every size
+    rooms: RoomsMade  # the rooms the graphs made for later graphs (room.py)
     parameters: dict[int, tuple[int, int]]  # the graphs' parameters' bytes (step_peaks)
 
     def compile(
@@ -273,20 +272,23 @@ class GraphAgain:
         )
         return dataclasses.replace(before, later=later, unplanned_step_peak=unplanned)
 
-    def held_between(self, later: Hashable) -> int:
-        """What the step's graphs between this one and graph `later` hold now."""
-        before_later = keys_before(self.backend.step, later)
-        between = before_later[before_later.index(self.key) + 1 :]
-        return sum(self.backend.step[key].held for key in between)
-
     def refresh_later(self) -> None:
         """Have the step's graphs after this one planned again, at their next step, for
-        what the graphs before them then hold."""
+        what the graphs before them then hold: at every size they have a plan for (the
+        step's sizes come when they run)."""
         keys = list(self.backend.step)
         for key in keys[keys.index(self.key) + 1 :]:
-            watch = self.backend.watches.get(key)
-            if watch is not None:
+            for watch in self.backend.every_watch.get(key, []):
                 watch.refresh = True
+
+    def rooms_made(self, shapes: Shapes) -> dict[Hashable, Room]:
+        """The room this graph made before at its inputs' `shapes` (by another compile of
+        it: Dynamo's recompile with dynamic sizes), by the later graphs it was for."""
+        return dict(self.backend.rooms.get((self.key, shapes), {}))
+
+    def made(self, shapes: Shapes, rooms: dict[Hashable, Room]) -> None:
+        """This graph, run at inputs of `shapes`, made `rooms`."""
+        self.backend.rooms[(self.key, shapes)] = rooms
 
     def keep(self, plan: Plan, in_step: bool = True, in_plans: bool = True) -> None:
         """`plan` among the backend's plans (where `in_plans`) and, where `in_step`, as
@@ -320,12 +322,14 @@ class HeldWatch:
         self.checked_steps = 0
         self.checked = False  # whether a call of this step found earlier calls waiting
         self.worst: Held | None = None  # the most held beyond what the plan allowed for
-        # Across graph breaks (make_room): the later graphs to leave room for at the
-        # graph's next step (once: `made_room`), and whether the graphs before it changed
-        # what they hold, to be planned again for at its next step.
-        self.room_for: list[Hashable] = []
+        # Across graph breaks (room.make_room): the later graphs to leave room for at
+        # the graph's next step, with the room each needs (once: `made_room`), and whether
+        # the graphs before it changed what they hold, to be planned again for at its next
+        # step. The shapes of its first call's tensors, where the room it made is kept.
+        self.room_for: dict[Hashable, Room] = {}
         self.made_room = False
         self.refresh = False
+        self.shapes: Shapes | None = None
 
     def __call__(self, *args: Any) -> Any:
         # AOTAutograd's boxed convention hands one list of arguments (and empties it).
@@ -333,6 +337,10 @@ class HeldWatch:
         # DDP's optimizer runs the compiled graphs on fake tensors while it compiles: no
         # call of the step, and no storage to read.
         real = not _fake(flat)
+        if real and self.shapes is None and self.again is not None:
+            self.shapes = shapes_of(flat)
+            if not self.made_room:  # as another compile of it did at these shapes
+                self.room_for = self.again.rooms_made(self.shapes) | self.room_for
         checking = self.checked_steps < CHECKED_STEPS and real
         pending = bool(self.room_for) or self.refresh
         if pending and real and self.again is not None and not self.waiting.waiting_of(self):
@@ -362,13 +370,12 @@ class HeldWatch:
         had; else (`refresh`), kept where it peaks no higher than that plan or within its
         budget, that plan staying otherwise. Where what it holds changed, the graphs after
         it are planned again in turn."""
-        later, self.room_for, self.refresh = self.room_for, [], False
+        later, self.room_for, self.refresh = self.room_for, {}, False
         now = again.resident_now()
         if not later and now == again.resident:
             return
         again.resident = now
-        step = again.backend.step
-        needed = max((again.held_between(key) + step[key].peak for key in later), default=0)
+        needed = max((room.needed for room in later.values()), default=0)
         # The later graphs' peaks count their parameters and gradients, which are taken
         # as resident for the whole graph already (Resident.later).
         beyond = max(0, needed - now.later) if later else 0
@@ -376,7 +383,7 @@ class HeldWatch:
             now,
             held=now.held + beyond,
             unplanned_step_peak=max(
-                [now.unplanned_step_peak, *(step[k].unplanned_step_peak for k in later)]
+                [now.unplanned_step_peak, *(r.unplanned_step_peak for r in later.values())]
             ),
         )
         why = f"leaving {format_bytes(needed)} for later graphs" if later else ""
@@ -390,6 +397,8 @@ class HeldWatch:
             made = plan.held < self.plan.held
         if not made:
             compiled, plan = self.compiled, self.plan
+        elif later and self.shapes is not None:
+            again.made(self.shapes, later)
         # Resident: what the graphs before hold (the room is a later graph's, not
         # resident while this one runs); asked, and held to where it holds: the step's
         # budget less that.
@@ -505,74 +514,3 @@ class HeldWatch:
                 low = middle
         again.keep(plan)
         self.compiled, self.plan, self.running = compiled, plan, plan
-
-
-def make_room(
-    watches: dict[Any, HeldWatch],
-    step: dict[Any, Plan],
-    key: Hashable,
-    parameters: dict[int, tuple[int, int]],
-) -> None:
-    """Where graph `key`'s plan peaks over what the graphs before it left of the step's
-    budget (by more than ROOM_SLACK of it), though within the budget alone, each graph
-    before it (its watch in `watches`) leaves room for it at its next step, once
-    (HeldWatch._plan_for_the_step). And each graph before it that the parameters graph
-    `key` takes (with their gradients, `parameters`: step_peaks) take over the step's
-    budget is planned again at its next step, for them (_hold_later_parameters)."""
-    plan = step[key]
-    step_budget = plan.asked + plan.resident
-    _hold_later_parameters(watches, step, key, parameters, step_budget)
-    if plan.peak - plan.asked <= ROOM_SLACK * step_budget or plan.peak > step_budget:
-        return
-    making = [
-        seen
-        for seen in keys_before(step, key)
-        if (watch := watches.get(seen)) is not None
-        and watch.again is not None
-        and not watch.made_room
-        and key not in watch.room_for  # compiled again in the step: said once
-    ]
-    for seen in making:
-        watches[seen].room_for.append(key)
-    if making:  # the user sees this step over the budget, and why the next differs
-        names = ", ".join(step[seen].name for seen in making)
-        warnings.warn(
-            f"{plan.name}: with what the graphs before it hold, the step peaks at "
-            f"{format_bytes(plan.step_peak)}, {format_bytes(plan.peak - plan.asked)} "
-            f"above its budget of {format_bytes(step_budget)}: at the next step {names} "
-            "will be planned again to leave it room",
-            MemplanWarning,
-            stacklevel=3,
-        )
-
-
-def _hold_later_parameters(
-    watches: dict[Any, HeldWatch],
-    step: dict[Any, Plan],
-    key: Hashable,
-    parameters: dict[int, tuple[int, int]],
-    step_budget: int,
-) -> None:
-    """Where, with the parameters graph `key` (just compiled) takes and their gradients,
-    the step peaks over `step_budget` (by more than ROOM_SLACK of it) while a graph before
-    it runs, that graph is planned again at its next step with them taken as resident
-    (HeldWatch._plan_for_the_step, `refresh`: GraphAgain.resident_now counts them), and
-    the user is told. A graph planned before any later one was compiled counts none; one
-    planned for its least (best effort) is over its budget without them, as it said."""
-    peaks = step_peaks(step, parameters)
-    for seen in keys_before(step, key):
-        watch = watches.get(seen)
-        over = peaks[seen] - step_budget
-        if watch is None or watch.again is None or over <= ROOM_SLACK * step_budget:
-            continue
-        if step[seen].status == "best-effort" or not any(later_parameters(step, seen, parameters)):
-            continue
-        watch.refresh = True
-        warnings.warn(
-            f"{step[seen].name}: with the parameters of the graphs after it and their "
-            f"gradients, the step peaks at {format_bytes(peaks[seen])} while it runs, "
-            f"{format_bytes(over)} above its budget of {format_bytes(step_budget)}: at "
-            "the next step it will be planned again for them",
-            MemplanWarning,
-            stacklevel=4,
-        )

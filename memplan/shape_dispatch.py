@@ -22,7 +22,7 @@ from memplan.errors import MemplanWarning
 from memplan.held_watch import Backend, HeldWatch
 from memplan.planner.plan import Partitioner
 from memplan.planner.shapes import ShapeSignature, SizeSymbol, describe, signature_of
-from memplan.step import resident_before
+from memplan.step import later_parameters, resident_before
 from memplan.units import format_bytes
 
 # Per graph of dynamic shapes: how many sizes may get plans of their own. Each costs a
@@ -68,9 +68,13 @@ class ShapeDispatch:
 
     def _run_for(self, sizes: ShapeSignature, args: list[Any]) -> HeldWatch:
         """The generic plan where it holds the budget at `sizes`, with what the graphs
-        before it hold now, else a plan of its own."""
+        before it hold now and the parameters of those after it, with their gradients
+        (step.later_parameters: the step's graphs are known by now), else a plan of its
+        own."""
         name = f"{self.generic.name}[{describe(sizes)}]"
-        resident = resident_before(self.backend.step, self.key)
+        step = self.backend.step
+        later = sum(later_parameters(step, self.key, self.backend.parameters))
+        resident = dataclasses.replace(resident_before(step, self.key), later=later)
         plan = self.generic.at_sizes(sizes)
         asked = resident.budget_of(self.backend.budget, plan.unplanned_peak)
         plan = dataclasses.replace(

@@ -63,6 +63,13 @@ def resident_before(step: dict[Any, Plan], key: Hashable) -> Resident:
     )
 
 
+def held_between(step: dict[Any, Plan], first: Hashable, later: Hashable) -> int:
+    """What the graphs of `step` (backends.MemplanBackend.step) between graph `first` and
+    graph `later` hold."""
+    before_later = keys_before(step, later)
+    return sum(step[key].held for key in before_later[before_later.index(first) + 1 :])
+
+
 def later_parameters(
     step: dict[Any, Plan], key: Hashable, parameters: dict[int, tuple[int, int]]
 ) -> tuple[int, int]:

@@ -2,7 +2,8 @@
 (inside functions and TYPE_CHECKING blocks too), checked against the layers of
 docs/pipeline.md.
 
-    face (memplan, api, backends, named_backend, shape_dispatch, held_watch, step, spinner, cli)
+    face (memplan, api, backends, named_backend, shape_dispatch, held_watch, room, step,
+          spinner, cli)
         -> tools -> planner -> passes, solvers -> core
 
 The core imports nothing of memplan outside it, and graph.py nothing but errors; the core
@@ -32,6 +33,7 @@ FACE = frozenset(
         "memplan.shape_dispatch",
         "memplan.held_watch",
         "memplan.step",
+        "memplan.room",
         "memplan.named_backend",
         "memplan.spinner",
         "memplan.cli",
