@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import operator
+import warnings
 
 import pytest
 import torch
@@ -16,6 +17,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from memplan import config, devices
 from memplan.errors import MemplanWarning
 from memplan.planner import profile, roofline
+from memplan.planner.measure import measure_peak
+from memplan.planner.pass_values import meta_bytes
 from memplan.planner.profile import ProfileCache, profile_graph
 from memplan.planner.profile_cache import Cost
 from memplan.planner.roofline import device_spec, estimated_workspace, roofline_seconds
@@ -203,3 +206,42 @@ def test_an_unsafe_view_copies_nothing_in_the_roofline():
     )
     (view,) = _tensor_work(gm)
     assert roofline_seconds(view, device_spec(CPU)) == device_spec(CPU).launch_overhead
+
+
+@pytest.fixture(scope="module")
+def deep_joint() -> fx.GraphModule:
+    """The forward+backward graph of eight layers of width 512 on 256 rows: what the
+    forward saves for the backward (about 4 MiB) outweighs any one node's values."""
+    torch.manual_seed(0)
+    layers = [m for _ in range(8) for m in (torch.nn.Linear(512, 512), torch.nn.Tanh())]
+    model = torch.nn.Sequential(*layers)
+    with contextlib.ExitStack() as stack:
+        export = aot_export_joint_with_descriptors(stack, model, (torch.randn(256, 512),))
+        return export.graph_module
+
+
+def _profile_peak(gm: fx.GraphModule, cap: int | None) -> tuple[int, set[str]]:
+    """The allocator's peak while `gm` is profiled with `cap`, and the nodes timed."""
+    found: list[profile.Profile] = []
+
+    def run() -> None:
+        with warnings.catch_warnings():  # inside the recording, transients are bounds
+            warnings.simplefilter("ignore", MemplanWarning)
+            found.append(profile_graph(gm, cap=cap, **FAST))
+
+    peak = measure_peak(run, resident=(), device=CPU).peak_bytes
+    return peak, {name for name, s in found[0].seconds.items() if s > 0}
+
+
+def test_a_capped_profile_holds_its_cap_and_times_every_node(deep_joint):
+    """Profiled as written, a pass holds what the step holds unplanned and copies of the
+    inputs; with a cap it lets values go (read again farthest ahead first) and makes them
+    up again when read, and holds the cap (at most one node's output over it), timing
+    the same nodes."""
+    free, timed = _profile_peak(deep_joint, None)
+    biggest = max(meta_bytes(n) for n in deep_joint.graph.nodes if n.op != "output")
+    cap = free // 3
+    capped, timed_capped = _profile_peak(deep_joint, cap)
+    assert free > 2 * cap  # the cap binds: 18.91 MB as written (2-core CPU, 2026-12-01)
+    assert capped <= cap + biggest, (capped, cap, biggest)
+    assert timed_capped == timed and timed

@@ -152,6 +152,15 @@ def unplanned_step(graph: Graph, options: SolverOptions) -> tuple[SolveResult, M
     return reference, simulate(graph, reference.schedule)
 
 
+def _profile_cap(graph: Graph, budget: Budget, resident: Resident, options: SolverOptions) -> int:
+    """The most bytes of values profiling `graph` may hold (planner/pass_values.py): the
+    graph's budget, less its parameters and inputs, which the step holds already. It runs
+    during the step that compiles the graph, so it is held to the step's budget too."""
+    _, unplanned = unplanned_step(graph, options)
+    inputs = sum(node.bytes for node in graph.nodes if node.is_resident_input)
+    return max(0, resident.budget_of(budget, unplanned.peak) - inputs)
+
+
 def _kept_for_backward(graph: Graph, trace: MemoryTrace, split: int) -> int:
     """Bytes live at the end of the forward other than its outputs (which a later graph
     counts as its inputs): parameters, inputs and what the backward reads."""
@@ -458,6 +467,7 @@ class Partitioner:
         """Profile and plan one lowered joint graph for `budget`; the InfeasibleBudget
         where nothing fits."""
         device = lowered.device
+        solver_options = self.options.solver_options(device.type)
         profile = profile_graph(
             joint,
             device=device,
@@ -465,6 +475,7 @@ class Partitioner:
             spec=self.options.device_spec,
             cache=self.cache,
             progress=self.options.progress,
+            cap=_profile_cap(lowered.graph, budget, resident, solver_options),
         )
         seconds = [profile.seconds.get(n.name, 0.0) for n in lowered.fx_nodes]
         if self.options.fused_pointwise:
@@ -472,7 +483,7 @@ class Partitioner:
         graph = lowered.graph.replace_times(
             seconds, [profile.workspace.get(n.name, 0) for n in lowered.fx_nodes]
         )
-        if self.options.solver_options(device.type).bandwidth:
+        if solver_options.bandwidth:
             graph = dataclasses.replace(
                 graph,
                 transfer_seconds=transfer_seconds(

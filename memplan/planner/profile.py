@@ -33,6 +33,7 @@ from memplan.config import shows_progress
 from memplan.devices import DeviceSpec
 from memplan.errors import MemplanWarning, UnsupportedModel
 from memplan.planner import allocator
+from memplan.planner.pass_values import PassValues
 from memplan.planner.profile_cache import Cost, ProfileCache, node_key
 from memplan.planner.roofline import (
     device_spec,
@@ -66,9 +67,11 @@ def profile_graph(
     warmup: int = 2,
     cache: ProfileCache | None = None,
     progress: bool = True,
+    cap: int | None = None,
 ) -> Profile:
     """The time and transient memory of every node of `gm` on `device` (estimates by the
-    roofline of `spec` where given, else of `device`).
+    roofline of `spec` where given, else of `device`); each pass holds at most `cap`
+    bytes of values where given (planner/pass_values.py).
 
     Measured times are the median of `repeats` passes over the whole graph after `warmup`,
     and transients the most of one more pass, both pooled over nodes with the same
@@ -84,7 +87,7 @@ def profile_graph(
     # AOTAutograd calls the partition function with its fake tensor mode active: a real
     # measurement runs outside it, or every kernel would be a fake one's bookkeeping.
     with unset_fake_temporarily():
-        measured = _cached_or_measured(gm, keys, device, cache, warmup, repeats, progress)
+        measured = _cached_or_measured(gm, keys, device, cache, (warmup, repeats), progress, cap)
     spec = spec or device_spec(device)
     estimated = []
     for node in work:
@@ -128,9 +131,9 @@ def _cached_or_measured(
     keys: dict[fx.Node, str],
     device: torch.device,
     cache: ProfileCache | None,
-    warmup: int,
-    repeats: int,
+    counts: tuple[int, int],
     progress: bool,
+    cap: int | None,
 ) -> dict[str, Cost]:
     """A Cost per key: all from `cache` if it has every key, else one measurement of `gm`
     for the keys it lacks (a key another process cached meanwhile takes its cost)."""
@@ -149,7 +152,7 @@ def _cached_or_measured(
             MemplanWarning,
             stacklevel=4,
         )
-    measured = _measure(gm, keys, device, warmup, repeats, progress, transients_readable)
+    measured = _measure(gm, keys, device, counts, progress, transients_readable, cap)
     # The whole graph ran again, hits included: the cached costs stand, so that a graph
     # planned before with them sees the same times now.
     costs = {**measured, **hits}
@@ -162,52 +165,75 @@ def _measure(
     gm: fx.GraphModule,
     keys: dict[fx.Node, str],
     device: torch.device,
-    warmup: int,
-    repeats: int,
+    counts: tuple[int, int],
     progress: bool,
     transients_readable: bool,
+    cap: int | None,
 ) -> dict[str, Cost]:
-    """Median seconds over `repeats` timed passes and the most transient bytes of one more
-    pass (where the allocator can be read, else the roofline's bound), per key; keys of
-    nodes that failed are absent."""
-    nodes = list(gm.graph.nodes)
-    frees = _frees_after(nodes)
-    # A size traced as a plain number has no value recorded, and nothing reads it.
-    unread = {n for n in nodes if n.op == "placeholder" and not n.users and "val" not in n.meta}
-    inputs: dict[fx.Node, object] = dict.fromkeys(unread)
-    placeholders = [n for n in nodes if n.op == "placeholder" and n not in unread]
-    inputs.update({n: _synthesise(_val(n), device) for n in placeholders})
-    inputs.update({n: _attribute(gm, n, device) for n in nodes if n.op == "get_attr"})
-    substitutes: dict[fx.Node, object] = {}  # outputs of nodes that failed, made up from meta
+    """Median seconds over the timed passes of `counts` (warmup, repeats) and the most
+    transient bytes of one more pass (where the allocator can be read, else the
+    roofline's bound), per key; keys of nodes that failed are absent. Each pass holds at
+    most `cap` bytes of values where given (PassValues)."""
+    warmup, repeats = counts
+    passes = _Passes.of(gm, device, cap)
     samples: dict[str, list[float]] = defaultdict(list)
     show = progress and sys.stdout.isatty() and shows_progress()
     for i in track(range(warmup + repeats), description="profiling", disable=not show):
-        seconds = _run_pass(nodes, frees, inputs, substitutes, device)
+        seconds = _run_pass(passes)
         if i >= warmup:
             for node, s in seconds.items():
-                if node in keys and node not in substitutes:
+                if node in keys and node not in passes.substitutes:
                     samples[keys[node]].append(s)
     held: dict[str, int] = defaultdict(int)
     transients = (
-        _transients(nodes, frees, inputs, substitutes, device)
+        _transients(passes)
         if transients_readable
         else {node: estimated_workspace(node) for node in keys}
     )
     for node, nbytes in transients.items():
-        if node in keys and node not in substitutes:
+        if node in keys and node not in passes.substitutes:
             held[keys[node]] = max(held[keys[node]], nbytes)
     return {key: Cost(statistics.median(s), held[key]) for key, s in samples.items()}
 
 
-def _transients(
-    nodes: list[fx.Node],
-    frees: dict[fx.Node, list[fx.Node]],
-    inputs: dict[fx.Node, object],
-    substitutes: dict[fx.Node, object],
-    device: torch.device,
-) -> dict[fx.Node, int]:
+@dataclass
+class _Passes:
+    """What the passes over one graph share: its nodes, the values each node's run lets
+    go (`frees`), the values kept from pass to pass (placeholders and attributes), the
+    outputs of nodes that failed (made up from meta), and the cap on the bytes a pass
+    holds (None: none)."""
+
+    nodes: list[fx.Node]
+    frees: dict[fx.Node, list[fx.Node]]
+    kept: dict[fx.Node, object]
+    substitutes: dict[fx.Node, object]
+    device: torch.device
+    cap: int | None
+
+    @classmethod
+    def of(cls, gm: fx.GraphModule, device: torch.device, cap: int | None) -> _Passes:
+        nodes = list(gm.graph.nodes)
+        # A size traced as a plain number has no value recorded, and nothing reads it.
+        # The other placeholders' values are made up when first read (PassValues).
+        kept: dict[fx.Node, object] = {
+            n: None for n in nodes if n.op == "placeholder" and not n.users and "val" not in n.meta
+        }
+        kept.update({n: _attribute(gm, n, device) for n in nodes if n.op == "get_attr"})
+        return cls(nodes, _frees_after(nodes), kept, {}, device, cap)
+
+    def values(self) -> PassValues:
+        """The values of a new pass."""
+
+        def make(node: fx.Node) -> object:
+            return _synthesise(_val(node), self.device)
+
+        return PassValues(self.nodes, self.kept, make, self.cap)
+
+
+def _transients(passes: _Passes) -> dict[fx.Node, int]:
     """One pass with the allocator watched around every call: each node's transient."""
-    calls = [n for n in nodes if n.op == "call_function"]
+    device = passes.device
+    calls = [n for n in passes.nodes if n.op == "call_function"]
     if device.type == "cuda":
         found: dict[fx.Node, int] = {}
 
@@ -220,7 +246,7 @@ def _transients(
             peak = torch.cuda.max_memory_allocated(device)
             found[node] = max(0, peak - torch.cuda.memory_allocated(device))
 
-        _run_pass(nodes, frees, inputs, substitutes, device, around=watched)
+        _run_pass(passes, around=watched)
         return found
     index = {node: i for i, node in enumerate(calls)}
 
@@ -228,39 +254,39 @@ def _transients(
         return torch.profiler.record_function(f"{_RANGE}{index[node]}")
 
     with allocator.recording(device, marked=_RANGE) as recorded:
-        _run_pass(nodes, frees, inputs, substitutes, device, around=ranged)
+        _run_pass(passes, around=ranged)
     held = recorded.transients()
     return {node: held.get(f"{_RANGE}{i}", 0) for node, i in index.items()}
 
 
 def _run_pass(
-    nodes: list[fx.Node],
-    frees: dict[fx.Node, list[fx.Node]],
-    inputs: dict[fx.Node, object],
-    substitutes: dict[fx.Node, object],
-    device: torch.device,
+    passes: _Passes,
     around: Callable[[fx.Node], contextlib.AbstractContextManager[object]] | None = None,
 ) -> dict[fx.Node, float]:
     """Run every call_function once, timing each (inside `around(node)` where given); a
     node that raises gets a substitute."""
-    env = dict(inputs)
+    env = passes.values()
+    device, substitutes = passes.device, passes.substitutes
     marks: dict[fx.Node, tuple[float | torch.cuda.Event, float | torch.cuda.Event]] = {}
-    for node in nodes:
+    for node in passes.nodes:
         if node.op == "call_function" and node in substitutes:
-            env[node] = substitutes[node]
+            env.set(node, substitutes[node])
         elif node.op == "call_function":
+            env.room_for(node)
             args, kwargs = fx.node.map_arg((node.args, node.kwargs), env.__getitem__)
             start = _mark(device)
             try:
                 with around(node) if around is not None else contextlib.nullcontext():
-                    env[node] = node.target(*args, **kwargs)
+                    value = node.target(*args, **kwargs)
             except Exception:
                 # Unrunnable here (an op without a kernel on this device, say): downstream
                 # nodes still run on an input made up from meta, and this one is estimated.
-                env[node] = substitutes[node] = _synthesise(_val(node), device)
+                value = substitutes[node] = _synthesise(_val(node), device)
+            env.set(node, value)
             marks[node] = (start, _mark(device))
-        for dead in frees[node]:
-            env.pop(dead, None)
+            del args, kwargs, value  # a value let go is freed
+        for dead in passes.frees[node]:
+            env.drop(dead)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return {node: _elapsed(start, end) for node, (start, end) in marks.items()}
