@@ -327,6 +327,7 @@ class HeldWatch:
         # the graphs before it changed what they hold, to be planned again for at its next
         # step. The shapes of its first call's tensors, where the room it made is kept.
         self.room_for: dict[Hashable, Room] = {}
+        self.leaving: dict[Hashable, Room] = {}  # the room its plan leaves
         self.made_room = False
         self.refresh = False
         self.shapes: Shapes | None = None
@@ -367,14 +368,16 @@ class HeldWatch:
         graph's peak with what the graphs between hold) taken as resident too, the round
         kept the fastest that holds with the room given back for its own peak
         (Partitioner.room), kept where it holds less for its backward than the plan it
-        had; else (`refresh`), kept where it peaks no higher than that plan or within its
-        budget, that plan staying otherwise. Where what it holds changed, the graphs after
-        it are planned again in turn."""
-        later, self.room_for, self.refresh = self.room_for, {}, False
+        had; else (`refresh`), with the room it leaves already (`leaving`), kept where it
+        peaks no higher than that plan or within its budget, that plan staying otherwise.
+        Where what it holds changed, the graphs after it are planned again in turn."""
+        asked, self.room_for, self.refresh = self.room_for, {}, False
         now = again.resident_now()
-        if not later and now == again.resident:
+        if not asked and now == again.resident:
             return
         again.resident = now
+        # Planned again for what the graphs before hold, it still leaves the room it left.
+        later = {**self.leaving, **asked}
         needed = max((room.needed for room in later.values()), default=0)
         # The later graphs' peaks count their parameters and gradients, which are taken
         # as resident for the whole graph already (Resident.later).
@@ -387,18 +390,18 @@ class HeldWatch:
             ),
         )
         why = f"leaving {format_bytes(needed)} for later graphs" if later else ""
-        self.made_room = self.made_room or bool(later)
+        self.made_room = self.made_room or bool(asked)
         held_before = self.plan.held
         compiled, plan = again.plan(args, room, why, beyond)
         step_budget = again.backend.budget.resolve(plan.unplanned_step_peak)
-        if not later:
-            made = plan.peak <= max(self.plan.peak, plan.asked)
-        else:
-            made = plan.held < self.plan.held
+        # Asked for more room, it is to keep less for its backward; else, to peak no higher.
+        made = plan.held < self.plan.held if asked else plan.peak <= max(self.plan.peak, plan.asked)
         if not made:
             compiled, plan = self.compiled, self.plan
-        elif later and self.shapes is not None:
-            again.made(self.shapes, later)
+        elif later:
+            self.leaving = later
+            if self.shapes is not None:
+                again.made(self.shapes, later)
         # Resident: what the graphs before hold (the room is a later graph's, not
         # resident while this one runs); asked, and held to where it holds: the step's
         # budget less that.
