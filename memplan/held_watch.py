@@ -369,7 +369,8 @@ class HeldWatch:
         kept the fastest that holds with the room given back for its own peak
         (Partitioner.room), kept where it holds less for its backward than the plan it
         had; else (`refresh`), with the room it leaves already (`leaving`), kept where it
-        peaks no higher than that plan or within its budget, that plan staying otherwise.
+        peaks no higher than that plan or within its budget and keeps no more than that
+        plan did with what the graphs before it let go of, that plan staying otherwise.
         Where what it holds changed, the graphs after it are planned again in turn."""
         asked, self.room_for, self.refresh = self.room_for, {}, False
         now = again.resident_now()
@@ -394,8 +395,16 @@ class HeldWatch:
         held_before = self.plan.held
         compiled, plan = again.plan(args, room, why, beyond)
         step_budget = again.backend.budget.resolve(plan.unplanned_step_peak)
-        # Asked for more room, it is to keep less for its backward; else, to peak no higher.
-        made = plan.held < self.plan.held if asked else plan.peak <= max(self.plan.peak, plan.asked)
+        # Asked for more room, it is to keep less for its backward. Else it is to peak no
+        # higher, and to keep no more than the graphs before it let go of: the graphs after
+        # it were planned for what it and they held.
+        freed = max(0, self.plan.resident - now.held)
+        made = (
+            plan.held < self.plan.held
+            if asked
+            else plan.peak <= max(self.plan.peak, plan.asked)
+            and plan.held <= self.plan.held + freed
+        )
         if not made:
             compiled, plan = self.compiled, self.plan
         elif later:
