@@ -26,10 +26,12 @@ runs only between their forwards and their backwards, so the round kept is the f
 whose own peak holds the budget with that room given back and whose bytes kept for the
 backward hold it with the room taken (`Partitioner.room`). The graphs after one whose
 plan changed are planned again for what the graphs before them then hold
-(`HeldWatch._plan_for_the_step`). While a graph runs, the step also holds the parameters
-only the graphs after it take, and in its backward their gradients (`step_peaks`): where
-a graph compiled later takes an earlier graph's step over the budget so, the earlier one is
-planned again at its next step with them resident (room.make_room).
+(`HeldWatch._plan_for_the_step`); where one then peaks over what they left, they leave it
+room in turn, or, where they can leave no more, the user is told. While a graph runs,
+the step also holds the parameters only the graphs after it take, and in its backward
+their gradients (`step_peaks`): where a graph compiled later takes an earlier graph's step
+over the budget so, the earlier one is planned again at its next step with them resident
+(room.make_room).
 """
 
 from __future__ import annotations
@@ -51,8 +53,8 @@ from memplan.planner.options import PlanOptions
 from memplan.planner.plan import Partitioner, Resident
 from memplan.planner.plan_file import Plan
 from memplan.planner.shapes import ShapeSignature
-from memplan.room import Room, RoomsMade, Shapes, shapes_of
-from memplan.step import later_parameters, resident_before
+from memplan.room import Room, RoomsMade, Shapes, make_room, shapes_of
+from memplan.step import later_parameters, resident_before, step_peaks
 from memplan.units import format_bytes
 
 # Per graph: after how many of its steps whose calls found earlier calls waiting, and
@@ -423,6 +425,30 @@ class HeldWatch:
         self.checked_steps = 0  # its calls are checked again
         if plan.held != held_before:
             again.refresh_later()
+        if plan.peak > asked:
+            self._over_as_planned_again(again, step_budget)
+
+    def _over_as_planned_again(self, again: GraphAgain, step_budget: int) -> None:
+        """The graph, planned again for the step (its plan, best effort, found no lower),
+        peaks over what the graphs before it and the parameters of those after it left of
+        `step_budget`: the graphs before it are to leave it room at their next step
+        (room.make_room, which says so), or, where none can, the user is told how far over
+        the step is."""
+        backend, plan = again.backend, self.plan
+        if make_room(backend.watches, backend.step, again.key, backend.parameters):
+            return
+        # The later graphs' gradients are held in its backward only (step_peaks).
+        step_peak = step_peaks(backend.step, backend.parameters)[again.key]
+        if step_peak <= step_budget:
+            return
+        warnings.warn(
+            f"{plan.name}: planned again for the step, it peaks at {format_bytes(plan.peak)} "
+            f"with the best plan found, and the step at {format_bytes(step_peak)}, "
+            f"{format_bytes(step_peak - step_budget)} above its budget of "
+            f"{format_bytes(step_budget)}; the graphs before it leave it no more room",
+            MemplanWarning,
+            stacklevel=4,
+        )
 
     def _least_for_now(self, args: list[Any], held: Held) -> None:
         """The graph's least-memory plan (planned with all of the step's budget taken as

@@ -64,26 +64,28 @@ def make_room(
     step: dict[Any, Plan],
     key: Hashable,
     parameters: dict[int, tuple[int, int]],
-) -> None:
+) -> bool:
     """Where graph `key`'s plan peaks over what the graphs before it left of the step's
     budget (by more than ROOM_SLACK of it), though within the budget alone, each graph
     before it (its watch in `watches`) leaves room for it at its next step, once
     (HeldWatch._plan_for_the_step). And each graph before it that the parameters graph
     `key` takes (with their gradients, `parameters`: step_peaks) take over the step's
-    budget is planned again at its next step, for them (_hold_later_parameters)."""
+    budget is planned again at its next step, for them (_hold_later_parameters). Whether
+    any graph is to leave it room at its next step."""
     plan = step[key]
     step_budget = plan.asked + plan.resident
     _hold_later_parameters(watches, step, key, parameters, step_budget)
     if plan.peak - plan.asked <= ROOM_SLACK * step_budget or plan.peak > step_budget:
-        return
-    making = [
+        return False
+    leaving = [
         seen
         for seen in keys_before(step, key)
         if (watch := watches.get(seen)) is not None
         and watch.again is not None
-        and not watch.made_room
-        and key not in watch.room_for  # compiled again in the step: said once
+        and (key in watch.room_for or not watch.made_room)
     ]
+    # Asked already where it was compiled again in the step: said once.
+    making = [seen for seen in leaving if key not in watches[seen].room_for]
     for seen in making:
         needed = held_between(step, seen, key) + plan.peak
         watches[seen].room_for[key] = Room(needed, plan.unplanned_step_peak)
@@ -97,6 +99,7 @@ def make_room(
             MemplanWarning,
             stacklevel=3,
         )
+    return bool(leaving)
 
 
 def _hold_later_parameters(

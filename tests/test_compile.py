@@ -1189,7 +1189,8 @@ def test_a_graph_before_a_break_counts_the_parameters_of_the_graphs_after_it() -
     gradients. The step's prediction counts them: 37.35 MiB, as the allocator reads the
     step (each graph's own step said 33.48). Compiling the head warns that the first graph
     will be planned again for them; it is, with its budget less them, but its least is the
-    plan it had, and the step stays over (2-core CPU, 2026-12-01)."""
+    plan it had, and the step stays over, as a warning then says (2-core CPU,
+    2026-12-01)."""
     model, inputs = large_head()
     torch._dynamo.reset()
     backend = memplan.backend(budget="66%", progress=False)
@@ -1200,7 +1201,12 @@ def test_a_graph_before_a_break_counts_the_parameters_of_the_graphs_after_it() -
     later = [str(w.message) for w in said if "parameters of the graphs after it" in str(w.message)]
     assert len(later) == 1 and later[0].startswith("graph0"), later
     assert "planned again for them" in later[0]
-    measured = steady_step_peak(compiled, planned, inputs)  # the first graph plans again
+    with pytest.warns(MemplanWarning) as said:  # the first graph plans again
+        measured = steady_step_peak(compiled, planned, inputs)
+    over = [str(w.message) for w in said]
+    assert len(over) == 1 and over[0].startswith("graph0"), over
+    assert f"and the step at {format_bytes(backend.predicted_step_peak)}" in over[0]
+    assert "the graphs before it leave it no more room" in over[0]
     first, head = backend.step.values()
     budget = head.asked + head.resident
     wide = sum(p.nbytes for p in [*planned.wide.parameters(), *planned.out.parameters()])

@@ -1,0 +1,130 @@
+"""A graph planned again for what the graphs before it in the step hold (its `refresh`,
+held_watch.HeldWatch._plan_for_the_step) whose plan peaks over what they left of the
+budget: the graphs before it are asked to leave it room (room.make_room), or, where they
+can leave no more, the user is told. Plans are made by hand; no model is compiled."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+import torch
+from test_plan_file import hand_made_plan
+
+from memplan.budget import Budget
+from memplan.errors import MemplanWarning
+from memplan.held_watch import GraphAgain, HeldWatch, WaitingCalls
+from memplan.planner.options import PlanOptions
+from memplan.planner.plan import Partitioner, Resident
+from memplan.planner.plan_file import Plan
+from memplan.room import Room, RoomsMade
+from memplan.step import StepKey
+
+MiB = 2**20
+FIRST, SECOND = StepKey(0, 0, frozenset()), StepKey(1, 0, frozenset())
+
+
+def _plan(name: str, peak: int, held: int, resident: int = 0, asked: int = 0) -> Plan:
+    """A plan of graph `name` peaking at `peak` MiB on its own, keeping `held` MiB for its
+    backward, planned with `resident` MiB held by the graphs before it and asked to peak
+    within `asked` MiB (or its peak)."""
+    return dataclasses.replace(
+        hand_made_plan(),
+        name=name,
+        compiled_peak=peak * MiB,
+        held=held * MiB,
+        resident=resident * MiB,
+        requested_budget=(asked or peak) * MiB,
+        budget=(asked or peak) * MiB,
+    )
+
+
+def _run(*args: Any) -> Any:
+    return args
+
+
+class _Backend:
+    """The backend as GraphAgain reads it, under a budget of 100 MiB for the step: every
+    graph it compiles again is planned as `made`."""
+
+    def __init__(self, made: Plan) -> None:
+        self.budget = Budget.parse(100 * MiB)
+        self.options = PlanOptions()
+        self.plans: list[Plan] = []
+        self.step: dict[Any, Plan] = {}
+        self.watches: dict[Any, HeldWatch] = {}
+        self.every_watch: dict[Any, list[HeldWatch]] = {}
+        self.rooms: RoomsMade = {}
+        self.parameters: dict[int, tuple[int, int]] = {}
+        self.made = made
+
+    def compile(
+        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], partitioner: Partitioner
+    ) -> Callable[..., Any]:
+        self.plans.append(self.made)
+        return _run
+
+    def watch(self, key: StepKey, plan: Plan, resident: int) -> HeldWatch:
+        """Graph `key` of the step runs `plan`, planned with `resident` MiB held before it."""
+        again = GraphAgain(
+            self,
+            torch.fx.GraphModule({}, torch.fx.Graph()),
+            key,
+            plan.name,
+            Resident(held=resident * MiB),
+        )
+        watch = HeldWatch(_run, plan, WaitingCalls(), again)
+        self.step[key], self.watches[key] = plan, watch
+        self.every_watch[key] = [watch]
+        return watch
+
+
+def _second_planned_again(first_made_room: bool) -> tuple[_Backend, list[str]]:
+    """The first graph keeps 40 MiB for its backward, where the second was planned with 30
+    MiB held before it (to peak at 66 MiB within 70): planned again for the 40 MiB, the
+    second finds no plan under 64 MiB, 4 MiB over the 60 MiB the first leaves it. Its
+    next call is made (a step); the warnings said, and the backend, are returned."""
+    backend = _Backend(
+        dataclasses.replace(_plan("graph1 again", 64, 10, asked=60), status="best-effort")
+    )
+    first = backend.watch(FIRST, _plan("graph0", 50, 40), resident=0)
+    first.made_room = first_made_room
+    second = backend.watch(SECOND, _plan("graph1", 66, 10, resident=30, asked=70), resident=30)
+    second.refresh = True
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        second(torch.zeros(1))
+    return backend, [str(w.message) for w in said if issubclass(w.category, MemplanWarning)]
+
+
+def test_a_graph_planned_again_over_what_the_graphs_before_left_has_them_leave_it_room() -> None:
+    backend, said = _second_planned_again(first_made_room=False)
+    assert backend.step[SECOND].name == "graph1 again"
+    assert backend.step[SECOND].step_peak == 104 * MiB
+    # The first graph leaves the second its peak at its next step, and the user is told.
+    assert backend.watches[FIRST].room_for == {SECOND: Room(64 * MiB, 0)}
+    assert len(said) == 1 and "graph0 will be planned again to leave it room" in said[0]
+
+
+def test_where_the_graphs_before_leave_no_more_room_the_user_is_told_how_far_over() -> None:
+    backend, said = _second_planned_again(first_made_room=True)
+    assert backend.watches[FIRST].room_for == {}
+    assert len(said) == 1
+    assert said[0].startswith("graph1 again: planned again for the step, it peaks at 64.00 MiB")
+    assert "the step at 104.00 MiB, 4.00 MiB above its budget of 100.00 MiB" in said[0]
+
+
+@pytest.mark.parametrize("first_made_room", [False, True])
+def test_a_graph_planned_again_within_what_is_left_says_nothing(first_made_room: bool) -> None:
+    backend = _Backend(_plan("graph1 again", 58, 10, asked=60))
+    first = backend.watch(FIRST, _plan("graph0", 50, 40), resident=0)
+    first.made_room = first_made_room
+    second = backend.watch(SECOND, _plan("graph1", 66, 10, resident=30, asked=70), resident=30)
+    second.refresh = True
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MemplanWarning)
+        second(torch.zeros(1))
+    assert backend.step[SECOND].step_peak == 98 * MiB and first.room_for == {}
