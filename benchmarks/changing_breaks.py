@@ -24,7 +24,6 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,17 +33,13 @@ import memplan
 from benchmarks.blocks import checkpointed_parts
 from benchmarks.graph_breaks import grad_error
 from benchmarks.models import machine
-from benchmarks.pages import saved_section, section_benchmark
+from benchmarks.pages import ResultsSection
 from memplan.backends import MemplanBackend
 from memplan.errors import MemplanWarning
 from memplan.planner.measure import measure_peak
 from memplan.tools.verify import resident_tensors, training_step
 from memplan.units import format_bytes
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
-PAGE = ROOT / "docs" / "results.md"
-MARKERS = ("<!-- changing breaks: start -->", "<!-- changing breaks: end -->")
 BUDGET = 45 * 2**20
 BATCHES = (2048, 1536, 2048, 1024, 2048)
 EPOCHS = (2048, 2048, 2048, 1536) * 3
@@ -171,19 +166,8 @@ def _epochs_text(epochs: list[dict[str, Any]], budget: int) -> list[str]:
     return lines
 
 
-def changing_breaks_section(where: dict[str, Any]) -> list[str]:
-    """The section for docs/results.md with its markers, where this benchmark has run on
-    `where`'s device; benchmarks.models' results_markdown adds it to the page."""
-    path = RESULTS / f"changing-breaks-{where['device']}.json"
-    return saved_section(path, section_text, *MARKERS)
-
-
-def main(argv: list[str] | None = None) -> int:
-    path = RESULTS / f"changing-breaks-{machine('cpu')['device']}.json"
-    return section_benchmark(
-        argv, __doc__.splitlines()[0], path, PAGE, MARKERS, measure, section_text
-    )
+SECTION = ResultsSection("changing breaks", __doc__.splitlines()[0], measure, section_text)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(SECTION.main())

@@ -29,7 +29,6 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,17 +38,13 @@ from torch import nn
 import memplan
 from benchmarks.blocks import checkpointed_parts, large_head
 from benchmarks.models import machine
-from benchmarks.pages import saved_section, section_benchmark
+from benchmarks.pages import ResultsSection
 from memplan.errors import MemplanWarning
 from memplan.planner.measure import measure_peak, median_step_seconds
 from memplan.tools.verify import resident_tensors, steady_step_peak, training_step
 from memplan.tools.zoo import ZOO
 from memplan.units import format_bytes
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
-PAGE = ROOT / "docs" / "results.md"
-MARKERS = ("<!-- graph breaks: start -->", "<!-- graph breaks: end -->")
 BUDGETS = ("100%", "80%")
 MEASURED_STEPS = 2  # steps 3 and 4
 CPU = torch.device("cpu")
@@ -200,18 +195,8 @@ def section_text(saved: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def graph_breaks_section(where: dict[str, Any]) -> list[str]:
-    """The section for docs/results.md with its markers, where this benchmark has run on
-    `where`'s device; benchmarks.models' results_markdown adds it to the page."""
-    return saved_section(RESULTS / f"graph-breaks-{where['device']}.json", section_text, *MARKERS)
-
-
-def main(argv: list[str] | None = None) -> int:
-    path = RESULTS / f"graph-breaks-{machine('cpu')['device']}.json"
-    return section_benchmark(
-        argv, __doc__.splitlines()[0], path, PAGE, MARKERS, measure, section_text
-    )
+SECTION = ResultsSection("graph breaks", __doc__.splitlines()[0], measure, section_text)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(SECTION.main())

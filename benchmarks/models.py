@@ -453,18 +453,15 @@ def results_markdown(runs: list[Run], where: dict[str, Any], dates: dict[str, st
         "1e-6). Step times on a small shared CPU are noisy to several percent.",
         "",
     ]
-    from benchmarks.changing_breaks import changing_breaks_section
+    from benchmarks import changing_breaks, graph_breaks, own_checkpointing, repeated_calls
     from benchmarks.compiled import compiled_section  # here: it imports this module
-    from benchmarks.graph_breaks import graph_breaks_section
     from benchmarks.inductor_peaks import inductor_peaks_section
-    from benchmarks.own_checkpointing import own_checkpointing_section
-    from benchmarks.repeated_calls import repeated_calls_section
     from benchmarks.training_loop import training_loop_section
 
     lines += sweep_section(where) + compiled_section() + training_loop_section(where)
-    lines += inductor_peaks_section(where) + repeated_calls_section(where)
-    lines += own_checkpointing_section(where) + graph_breaks_section(where)
-    lines += changing_breaks_section(where)
+    lines += inductor_peaks_section(where) + repeated_calls.SECTION.saved(where)
+    lines += own_checkpointing.SECTION.saved(where) + graph_breaks.SECTION.saved(where)
+    lines += changing_breaks.SECTION.saved(where)
     for model in _models(runs):
         rows = [r for r in runs if r.model == model]
         eager = rows[0]

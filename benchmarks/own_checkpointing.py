@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,16 +31,12 @@ from torch.utils.checkpoint import checkpoint
 import memplan
 from benchmarks.blocks import Block
 from benchmarks.models import machine
-from benchmarks.pages import saved_section, section_benchmark
+from benchmarks.pages import ResultsSection
 from memplan.errors import MemplanWarning
 from memplan.planner.measure import median_step_seconds
 from memplan.tools.verify import steady_step_peak, training_step
 from memplan.units import format_bytes
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
-PAGE = ROOT / "docs" / "results.md"
-MARKERS = ("<!-- own checkpointing: start -->", "<!-- own checkpointing: end -->")
 BLOCKS, WIDTH, BATCH = 6, 512, 2048
 # memplan's budgets: shares of its unplanned step, and its least (1 byte, best effort).
 BUDGETS = ("100%", "80%", "60%", "1 B")
@@ -154,19 +149,8 @@ def section_text(saved: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def own_checkpointing_section(where: dict[str, Any]) -> list[str]:
-    """The section for docs/results.md with its markers, where this benchmark has run on
-    `where`'s device; benchmarks.models' results_markdown adds it to the page."""
-    path = RESULTS / f"own-checkpointing-{where['device']}.json"
-    return saved_section(path, section_text, *MARKERS)
-
-
-def main(argv: list[str] | None = None) -> int:
-    path = RESULTS / f"own-checkpointing-{machine('cpu')['device']}.json"
-    return section_benchmark(
-        argv, __doc__.splitlines()[0], path, PAGE, MARKERS, measure, section_text
-    )
+SECTION = ResultsSection("own checkpointing", __doc__.splitlines()[0], measure, section_text)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(SECTION.main())

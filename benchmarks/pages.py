@@ -1,16 +1,22 @@
 """Writing a benchmark's section of a docs page: the text between two marker lines, which
 a rerun replaces and the rest of the page keeps; the line naming the day of each model's
-run; and the command line of a benchmark that writes one JSON and one such section."""
+run; and the command line of a benchmark that writes one JSON and one such section
+(`section_benchmark`, or `ResultsSection` for one of docs/results.md)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from memplan.files import write_json_atomically
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+RESULTS_PAGE = ROOT / "docs" / "results.md"
 
 
 def write_section(page: Path, text: str, start: str, end: str) -> None:
@@ -77,3 +83,36 @@ def section_benchmark(
     write_section(page, markdown(data), *markers)
     print(f"wrote {path} and {page}")
     return 0
+
+
+@dataclass(frozen=True)
+class ResultsSection:
+    """A benchmark measured on the CPU that saves its figures as
+    benchmarks/results/<name, dashed>-<device>.json and writes them as one section of
+    docs/results.md, between the markers `<!-- name: start -->` and `<!-- name: end -->`:
+    its command line (`main`), and the section as the page's whole rewrite takes it
+    (`saved`, from benchmarks.models' results_markdown)."""
+
+    name: str  # "graph breaks"
+    description: str  # the command line's, the first line of the module's docstring
+    measure: Callable[[], dict[str, Any]]
+    markdown: Callable[[dict[str, Any]], str]
+
+    @property
+    def markers(self) -> tuple[str, str]:
+        return f"<!-- {self.name}: start -->", f"<!-- {self.name}: end -->"
+
+    def path(self, device: str) -> Path:
+        """Where the figures taken on `device` ("cpu", "cuda") are saved."""
+        return RESULTS / f"{self.name.replace(' ', '-')}-{device}.json"
+
+    def saved(self, where: dict[str, Any]) -> list[str]:
+        """The section's lines with its markers, where the benchmark has run on `where`'s
+        device (benchmarks.models.machine); none where it has not."""
+        return saved_section(self.path(where["device"]), self.markdown, *self.markers)
+
+    def main(self, argv: list[str] | None = None) -> int:
+        path, page = self.path("cpu"), RESULTS_PAGE
+        return section_benchmark(
+            argv, self.description, path, page, self.markers, self.measure, self.markdown
+        )

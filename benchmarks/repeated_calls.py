@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,15 +32,11 @@ from torch import nn
 import memplan
 from benchmarks.blocks import Block
 from benchmarks.models import machine
-from benchmarks.pages import saved_section, section_benchmark
+from benchmarks.pages import ResultsSection
 from memplan.errors import MemplanWarning
 from memplan.planner.measure import measure_peak
 from memplan.units import format_bytes
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
-PAGE = ROOT / "docs" / "results.md"
-MARKERS = ("<!-- repeated calls: start -->", "<!-- repeated calls: end -->")
 SIAMESE_SHARES = (0.8, 0.7, 0.6, 0.5)
 REGIONAL_BUDGET = "70%"
 WIDTH, BATCH = 256, 2048
@@ -184,24 +179,14 @@ def section_text(saved: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def repeated_calls_section(where: dict[str, Any]) -> list[str]:
-    """The section for docs/results.md with its markers, where this benchmark has run on
-    `where`'s device; benchmarks.models' results_markdown adds it to the page."""
-    return saved_section(RESULTS / f"repeated-calls-{where['device']}.json", section_text, *MARKERS)
-
-
 def measure() -> dict[str, Any]:
     rows = [siamese(share) for share in track(SIAMESE_SHARES, description="siamese")]
     rows.append(regional())
     return {"machine": machine("cpu"), "rows": rows}
 
 
-def main(argv: list[str] | None = None) -> int:
-    path = RESULTS / f"repeated-calls-{machine('cpu')['device']}.json"
-    return section_benchmark(
-        argv, __doc__.splitlines()[0], path, PAGE, MARKERS, measure, section_text
-    )
+SECTION = ResultsSection("repeated calls", __doc__.splitlines()[0], measure, section_text)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(SECTION.main())
