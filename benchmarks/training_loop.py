@@ -30,12 +30,15 @@ results): `python -m benchmarks.training_loop --sizes small --steps 6 --out /tmp
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import os
 import statistics
+import tempfile
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -283,13 +286,8 @@ def run_loops(preset: str, steps: int, share: float, progress: Progress) -> dict
     budget = int(share * peak)
     shapes = loop.shapes(steps)
     task = progress.add_task("training", total=2 * 2 * steps)  # two runs, two passes each
-    backend = memplan.backend(
-        # Offload off: the inductor inner compiler does not run offload plans yet.
-        budget=budget,
-        inner="inductor",
-        progress=False,
-        offload=False,
-    )
+    # Offload as by default: on where the device is not the host.
+    backend = memplan.backend(budget=budget, inner="inductor", progress=False)
     # Per run: how it compiles the model, and how many plans memplan has made.
     compilers: dict[str, tuple[Callable[[nn.Module], nn.Module], Callable[[], int]]] = {
         INDUCTOR: (torch.compile, lambda: 0),
@@ -306,7 +304,8 @@ def run_loops(preset: str, steps: int, share: float, progress: Progress) -> dict
             label = f"{name}: step {step.step} ({step.batch}x{step.seq}) {state}"
             progress.update(task, advance=1, description=label)
 
-        found = train(base, compile_, plans, shapes, vocab, advance)
+        with empty_caches():
+            found = train(base, compile_, plans, shapes, vocab, advance)
         runs[name] = {"steps": [asdict(s) for s in found], "totals": totals(found, budget)}
     runs[MEMPLAN]["plans"] = [
         {"budget": p.budget, "predicted_peak": p.peak, "status": p.status, "note": p.note}
@@ -319,8 +318,28 @@ def run_loops(preset: str, steps: int, share: float, progress: Progress) -> dict
         "share": share,
         "eager_peak": peak,
         "budget": budget,
+        "caches": "empty",
         "runs": runs,
     }
+
+
+@contextlib.contextmanager
+def empty_caches() -> Iterator[None]:
+    """Inductor's on-disk caches (AOTAutograd's among them) and memplan's, empty, for what
+    runs inside: a loop's compile time is then a first run's, whatever earlier runs on
+    the machine left."""
+    names = ("TORCHINDUCTOR_CACHE_DIR", "MEMPLAN_CACHE_DIR")
+    before = {name: os.environ.get(name) for name in names}
+    with tempfile.TemporaryDirectory() as root:
+        os.environ.update({name: os.path.join(root, name.lower()) for name in names})
+        try:
+            yield
+        finally:
+            for name, value in before.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 # --- the report --------------------------------------------------------------------------
@@ -409,7 +428,13 @@ def section_text(saved: dict[str, Any]) -> str:
         "peak: a step measured while it compiles would count what compiling "
         "allocates, and memplan cannot read the allocator inside that recording). "
         "Compile time: what the steps that compiled or planned took beyond the median "
-        "step of their shape that did neither.",
+        "step of their shape that did neither, "
+        + (
+            "each loop starting from empty on-disk caches (Inductor's and memplan's: a "
+            "first run's)."
+            if saved.get("caches") == "empty"
+            else "with the on-disk caches as earlier runs left them."
+        ),
         "",
         "| run | crashed steps | graphs compiled | recompiles | memplan's plans | "
         "compile time | time of crashed steps | median step | largest peak | "
