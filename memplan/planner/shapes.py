@@ -81,14 +81,20 @@ def describe(signature: ShapeSignature) -> str:
 def at(signature: ShapeSignature) -> Callable[[object], int]:
     """A `lower` size function: a size evaluated at `signature`'s values."""
     by_name = dict(signature)
+    # Each expression once: a graph's nodes share a few (a transformer's, a few dozen over
+    # a thousand sizes), and sympy's substitution is most of the time a new size takes
+    # to evaluate a plan at (Partitioner.at_sizes, in the step that first runs at it).
+    evaluated: dict[sympy.Expr, int] = {}
 
     def size(value: object) -> int:
         if not isinstance(value, torch.SymInt):
             return hint(value)
         expr = value.node.expr
-        known = {s: by_name[s.name] for s in expr.free_symbols if s.name in by_name}
-        if len(known) < len(expr.free_symbols):
-            return hint(value)  # a size no call carries (an unbacked one): as traced
-        return int(expr.xreplace(known))
+        if expr not in evaluated:
+            known = {s: by_name[s.name] for s in expr.free_symbols if s.name in by_name}
+            # A size no call carries (an unbacked one): as traced.
+            complete = len(known) == len(expr.free_symbols)
+            evaluated[expr] = int(expr.xreplace(known)) if complete else hint(value)
+        return evaluated[expr]
 
     return size
