@@ -82,14 +82,12 @@ class _Backend:
         return watch
 
 
-def _second_planned_again(first_made_room: bool) -> tuple[_Backend, list[str]]:
+def _second_planned_again(made: Plan, first_made_room: bool) -> tuple[_Backend, list[str]]:
     """The first graph keeps 40 MiB for its backward, where the second was planned with 30
     MiB held before it (to peak at 66 MiB within 70): planned again for the 40 MiB, the
-    second finds no plan under 64 MiB, 4 MiB over the 60 MiB the first leaves it. Its
-    next call is made (a step); the warnings said, and the backend, are returned."""
-    backend = _Backend(
-        dataclasses.replace(_plan("graph1 again", 64, 10, asked=60), status="best-effort")
-    )
+    second's plan is `made`, within or over the 60 MiB the first leaves it. Its next call
+    is made (a step); the backend, and memplan's warnings said, are returned."""
+    backend = _Backend(made)
     first = backend.watch(FIRST, _plan("graph0", 50, 40), resident=0)
     first.made_room = first_made_room
     second = backend.watch(SECOND, _plan("graph1", 66, 10, resident=30, asked=70), resident=30)
@@ -100,8 +98,12 @@ def _second_planned_again(first_made_room: bool) -> tuple[_Backend, list[str]]:
     return backend, [str(w.message) for w in said if issubclass(w.category, MemplanWarning)]
 
 
+# Planned again, the second graph finds no plan under 64 MiB: 4 MiB over what is left.
+OVER = dataclasses.replace(_plan("graph1 again", 64, 10, asked=60), status="best-effort")
+
+
 def test_a_graph_planned_again_over_what_the_graphs_before_left_has_them_leave_it_room() -> None:
-    backend, said = _second_planned_again(first_made_room=False)
+    backend, said = _second_planned_again(OVER, first_made_room=False)
     assert backend.step[SECOND].name == "graph1 again"
     assert backend.step[SECOND].step_peak == 104 * MiB
     # The first graph leaves the second its peak at its next step, and the user is told.
@@ -110,7 +112,7 @@ def test_a_graph_planned_again_over_what_the_graphs_before_left_has_them_leave_i
 
 
 def test_where_the_graphs_before_leave_no_more_room_the_user_is_told_how_far_over() -> None:
-    backend, said = _second_planned_again(first_made_room=True)
+    backend, said = _second_planned_again(OVER, first_made_room=True)
     assert backend.watches[FIRST].room_for == {}
     assert len(said) == 1
     assert said[0].startswith("graph1 again: planned again for the step, it peaks at 64.00 MiB")
@@ -119,12 +121,7 @@ def test_where_the_graphs_before_leave_no_more_room_the_user_is_told_how_far_ove
 
 @pytest.mark.parametrize("first_made_room", [False, True])
 def test_a_graph_planned_again_within_what_is_left_says_nothing(first_made_room: bool) -> None:
-    backend = _Backend(_plan("graph1 again", 58, 10, asked=60))
-    first = backend.watch(FIRST, _plan("graph0", 50, 40), resident=0)
-    first.made_room = first_made_room
-    second = backend.watch(SECOND, _plan("graph1", 66, 10, resident=30, asked=70), resident=30)
-    second.refresh = True
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", MemplanWarning)
-        second(torch.zeros(1))
-    assert backend.step[SECOND].step_peak == 98 * MiB and first.room_for == {}
+    within = _plan("graph1 again", 58, 10, asked=60)
+    backend, said = _second_planned_again(within, first_made_room)
+    assert said == []
+    assert backend.step[SECOND].step_peak == 98 * MiB and backend.watches[FIRST].room_for == {}
