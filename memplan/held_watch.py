@@ -52,6 +52,7 @@ from memplan.errors import MemplanWarning
 from memplan.planner.options import PlanOptions
 from memplan.planner.plan import Partitioner, Resident
 from memplan.planner.plan_file import Plan
+from memplan.planner.rounds import peak_with_room
 from memplan.planner.shapes import ShapeSignature
 from memplan.room import Room, RoomsMade, Shapes, make_room, shapes_of
 from memplan.step import later_parameters, resident_before, step_peaks
@@ -382,9 +383,7 @@ class HeldWatch:
         # Planned again for what the graphs before hold, it still leaves the room it left.
         later = {**self.leaving, **asked}
         needed = max((room.needed for room in later.values()), default=0)
-        # The later graphs' peaks count their parameters and gradients, which are taken
-        # as resident for the whole graph already (Resident.later).
-        beyond = max(0, needed - now.later) if later else 0
+        beyond = _room_beyond(later, now)
         room = dataclasses.replace(
             now,
             held=now.held + beyond,
@@ -523,15 +522,22 @@ class HeldWatch:
         are bisected (FIXED_POINT_ROUNDS plans after the first, each a compile) for the
         plan with the most room whose peak, with what would be held under it, is predicted
         within the step's budget; where none is found, the least-memory plan (best
-        effort)."""
+        effort). Where it leaves later graphs room (`leaving`), each plan leaves it too."""
         self.worst, again = None, self.again
         assert again is not None  # what is worst is kept only to plan again
         # Its next calls are checked again, and said of where the step is still over.
         self.again, self.replanned, self.warned, self.checked_steps = None, True, False, 0
+        # It still leaves the later graphs the room it left them (make_room): taken as
+        # resident, and given back for its own peak (Partitioner.room).
+        beyond = _room_beyond(self.leaving, again.resident)
+        why = f"leaving {format_bytes(beyond)} for later graphs" if beyond else ""
 
         def tried(resident: int) -> tuple[Callable[..., Any], Plan, bool]:
-            compiled, plan = again.plan(args, dataclasses.replace(held.resident, held=resident))
-            return compiled, plan, held.under(plan) + plan.peak <= plan.asked + plan.resident
+            taken = dataclasses.replace(held.resident, held=resident + beyond)
+            compiled, plan = again.plan(args, taken, why, beyond)
+            # Its own peak, and what it keeps while a later graph runs in the room.
+            peak = peak_with_room(plan, beyond) + beyond
+            return compiled, plan, held.under(plan) + peak <= plan.asked + plan.resident
 
         high = held.resident.held  # what the calls held
         compiled, plan, holds = tried(high)
@@ -552,3 +558,11 @@ class HeldWatch:
                 low = middle
         again.keep(plan)
         self.compiled, self.plan, self.running = compiled, plan, plan
+
+
+def _room_beyond(rooms: dict[Hashable, Room], resident: Resident) -> int:
+    """Of the most the later graphs a graph leaves `rooms` for need, what is not taken as
+    resident already: their peaks count their parameters and gradients, which are
+    (`resident.later`) for the whole graph."""
+    needed = max((room.needed for room in rooms.values()), default=0)
+    return max(0, needed - resident.later) if rooms else 0

@@ -1,7 +1,9 @@
-"""A graph planned again for what the graphs before it in the step hold (its `refresh`,
-held_watch.HeldWatch._plan_for_the_step) whose plan peaks over what they left of the
-budget: the graphs before it are asked to leave it room (room.make_room), or, where they
-can leave no more, the user is told. Plans are made by hand; no model is compiled."""
+"""Room across graph breaks as graphs are planned again. A graph planned again for what
+the graphs before it in the step hold (its `refresh`, held_watch.HeldWatch.
+_plan_for_the_step) whose plan peaks over what they left of the budget: the graphs before
+it are asked to leave it room (room.make_room), or, where they can leave no more, the user
+is told. A graph that leaves room and is planned again for its own earlier calls
+(HeldWatch._plan_again) still leaves it. Plans are made by hand; no model is compiled."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from test_plan_file import hand_made_plan
 
 from memplan.budget import Budget
 from memplan.errors import MemplanWarning
-from memplan.held_watch import GraphAgain, HeldWatch, WaitingCalls
+from memplan.held_watch import GraphAgain, Held, HeldWatch, WaitingCalls
 from memplan.planner.options import PlanOptions
 from memplan.planner.plan import Partitioner, Resident
 from memplan.planner.plan_file import Plan
@@ -60,10 +62,12 @@ class _Backend:
         self.rooms: RoomsMade = {}
         self.parameters: dict[int, tuple[int, int]] = {}
         self.made = made
+        self.asked: list[Partitioner] = []  # what each compile was asked
 
     def compile(
         self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], partitioner: Partitioner
     ) -> Callable[..., Any]:
+        self.asked.append(partitioner)
         self.plans.append(self.made)
         return _run
 
@@ -125,3 +129,36 @@ def test_a_graph_planned_again_within_what_is_left_says_nothing(first_made_room:
     backend, said = _second_planned_again(within, first_made_room)
     assert said == []
     assert backend.step[SECOND].step_peak == 98 * MiB and backend.watches[FIRST].room_for == {}
+
+
+def _leaving_room_planned_again(made: Plan) -> _Backend:
+    """The first graph keeps 40 MiB for its backward and leaves the second 30 MiB of room;
+    a call of its own (the step before) was found to hold 20 MiB while it ran. At its next
+    call it is planned again for them (its plans are `made`); the backend is returned."""
+    backend = _Backend(made)
+    first = backend.watch(FIRST, _plan("graph0", 50, 40), resident=0)
+    backend.watch(SECOND, _plan("graph1", 30, 10, resident=40, asked=60), resident=40)
+    first.leaving = {SECOND: Room(30 * MiB, 0)}
+    first.worst = Held(Resident(held=20 * MiB), own_calls=1, own_planned=40 * MiB)
+    first(torch.zeros(1))
+    return backend
+
+
+def test_a_graph_planned_again_for_its_own_calls_still_leaves_the_room_it_left() -> None:
+    # With its calls holding 15 MiB under it, it peaks within 100 MiB on its own (15 + 45)
+    # and with the room taken while the second graph runs (15 + 35 + 30).
+    made = _plan("graph0 again", 45, 35, resident=50, asked=50)
+    backend = _leaving_room_planned_again(made)
+    (asked,) = backend.asked
+    assert (asked.room, asked.resident.held) == (30 * MiB, 50 * MiB)
+    assert asked.name == "graph0 (leaving 30.00 MiB for later graphs)"
+    assert backend.step[FIRST] is made
+
+
+def test_a_plan_that_holds_only_without_the_room_is_not_kept_as_holding() -> None:
+    # On its own it peaks within the budget (40 + 45), but it keeps 60 MiB, and with its
+    # calls' 40 MiB and the 30 MiB room, the step would peak at 130 MiB: the least-memory
+    # plan (all of the budget taken as resident) is asked for.
+    made = _plan("graph0 again", 45, 60, resident=50, asked=50)
+    backend = _leaving_room_planned_again(made)
+    assert [p.resident.held for p in backend.asked] == [50 * MiB, 130 * MiB]
