@@ -38,8 +38,6 @@ from rich.progress import Progress
 
 from benchmarks.compiled import (
     BELOW_LEAST,
-    RESULTS,
-    ROOT,
     Compiled,
     Outputs,
     add_device_option,
@@ -52,6 +50,7 @@ from benchmarks.compiled import (
 )
 from benchmarks.models import SIZES, Bench
 from benchmarks.pages import write_section
+from benchmarks.paths import RESULTS, ROOT
 from memplan.errors import MemplanError
 from memplan.files import write_json_atomically
 from memplan.tools.zoo import ZOO

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.pages import write_section
-from benchmarks.solvers import DOCS, GRAPHS, RESULTS, SHARES
+from benchmarks.paths import DOCS, RESULTS
+from benchmarks.solvers import GRAPHS, SHARES
 from memplan import remat
 from memplan.files import write_json_atomically
 from memplan.node_link import load_node_link

@@ -69,6 +69,7 @@ from benchmarks.models import (
     smallest_point,
 )
 from benchmarks.pages import measured_on, saved_section, write_section
+from benchmarks.paths import DOCS, RESULTS
 from memplan.backends import MemplanBackend
 from memplan.budget import Budget
 from memplan.errors import InfeasibleBudget, MemplanError, cause_of
@@ -82,9 +83,6 @@ from memplan.tools.verify import compare_grads, steady_step_peak, training_step
 from memplan.tools.zoo import ZOO
 from memplan.units import format_bytes
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
-DOCS = ROOT / "docs"
 SHARES = ("90%", "70%", "50%")
 # What a smoke run shrinks each size of benchmarks.models.SIZES to (at most): every model
 # compiles in seconds and steps in milliseconds. Its figures are not results.

@@ -27,6 +27,7 @@ from rich.progress import track
 import memplan
 from benchmarks.layout import machine
 from benchmarks.pages import write_section
+from benchmarks.paths import ROOT
 from memplan.budget import Budget
 from memplan.devices import target
 from memplan.errors import MemplanWarning
@@ -37,7 +38,6 @@ from memplan.tools.fit import fit
 from memplan.tools.verify import verify
 from memplan.units import format_bytes
 
-ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "benchmarks" / "configs"
 PAGE = ROOT / "docs" / "fit.md"
 START, END = "<!-- fit: start -->", "<!-- fit: end -->"

@@ -19,7 +19,6 @@ import copy
 import json
 import warnings
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,12 +28,11 @@ from rich.progress import track
 import memplan
 from benchmarks.models import machine
 from benchmarks.pages import write_section
+from benchmarks.paths import RESULTS, ROOT
 from memplan.tools.verify import steady_step_peak
 from memplan.tools.zoo import ZOO
 from memplan.units import format_bytes
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
 PAGE = ROOT / "docs" / "results.md"
 MARKERS = ("<!-- inductor peaks: start -->", "<!-- inductor peaks: end -->")
 MODELS = tuple(ZOO)  # each at the zoo's own sizes: quick steps, activations dominant

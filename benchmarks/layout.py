@@ -46,6 +46,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from benchmarks.models import SIZES
+from benchmarks.paths import DOCS, RESULTS, ROOT
 from memplan import remat
 from memplan.budget import Budget
 from memplan.errors import InfeasibleBudget, MemplanError
@@ -70,9 +71,6 @@ from memplan.tools.report import placement_plot
 from memplan.tools.zoo import ZOO
 from memplan.units import format_bytes
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
-DOCS = ROOT / "docs"
 JSON = RESULTS / "layout.json"
 PAGE = DOCS / "layout.md"
 GRAPHS = ROOT / "benchmarks" / "graphs"  # the shared graphs, as benchmarks/solvers.py reads

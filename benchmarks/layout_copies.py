@@ -19,7 +19,6 @@ import platform
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,13 +26,13 @@ from rich.progress import track
 
 import memplan
 from benchmarks.pages import section_benchmark
+from benchmarks.paths import ROOT
 from memplan.budget import Budget
 from memplan.planner.measure import median_step_seconds
 from memplan.tools.verify import compare_grads, steady_step_peak, training_step
 from memplan.tools.zoo import ZOO, Example
 from memplan.units import format_bytes
 
-ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "measurement.md"
 MARKERS = ("<!-- layout copies: start -->", "<!-- layout copies: end -->")
 WAYS = {"inside the kernel": "kernel", "in the graph": "graph", "memplan's choice": "choose"}

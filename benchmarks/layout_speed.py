@@ -23,7 +23,6 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from rich.progress import track
@@ -31,11 +30,11 @@ from rich.progress import track
 from benchmarks.compiled import Compiled, CompiledRun
 from benchmarks.models import SIZES, Bench, machine
 from benchmarks.pages import section_benchmark
+from benchmarks.paths import ROOT
 from memplan.errors import MemplanError
 from memplan.tools.zoo import ZOO
 from memplan.units import format_bytes
 
-ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "measurement.md"
 MARKERS = ("<!-- layout speed: start -->", "<!-- layout speed: end -->")
 MODEL = "resnet50"

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from benchmarks.models import DOCS, RESULTS, SIZES, machine
+from benchmarks.models import SIZES, machine
+from benchmarks.paths import DOCS, RESULTS
 from memplan.tools.maxbatch import DEFAULT_OVERHEAD, METHODS, MaxBatch, Probe, max_batch
 from memplan.tools.verify import steady_step_peak
 from memplan.tools.zoo import ZOO

@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.paths import RESULTS, ROOT
 from memplan.files import write_json_atomically
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
 RESULTS_PAGE = ROOT / "docs" / "results.md"
 
 

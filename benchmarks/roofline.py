@@ -40,6 +40,7 @@ from torch import fx
 from torch.utils.flop_counter import flop_registry
 
 from benchmarks import layout
+from benchmarks.paths import ROOT
 from memplan import devices
 from memplan.errors import MemplanWarning
 from memplan.files import write_atomically, write_json_atomically
@@ -54,7 +55,6 @@ from memplan.tools.verify import training_step
 from memplan.tools.zoo import ZOO, Example
 from memplan.units import format_seconds
 
-ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path("benchmarks") / "results" / "roofline-cpu.json"
 PAGE = Path("docs") / "roofline.md"
 IMAGE = Path("docs") / "img" / "roofline-cpu.png"

@@ -26,6 +26,7 @@ from rich.progress import Progress
 
 from benchmarks.layered import random_layered_graph
 from benchmarks.pages import write_section
+from benchmarks.paths import DOCS, RESULTS, ROOT
 from memplan import remat, solvers
 from memplan.errors import MemplanError
 from memplan.graph import Graph
@@ -33,10 +34,7 @@ from memplan.node_link import load_node_link
 from memplan.schedule_file import solved_schedule
 from memplan.solvers.bounds import peak_lower_bound
 
-ROOT = Path(__file__).resolve().parents[1]
 GRAPHS = ROOT / "benchmarks" / "graphs"
-RESULTS = ROOT / "benchmarks" / "results"
-DOCS = ROOT / "docs"
 SHARES = ("0.9", "0.8", "0.7")
 PAGING = "+paging"  # a solver name with this suffix runs with the host link
 EXACT = ("milp", "cpsat")

@@ -27,10 +27,9 @@ from rich.console import Console
 from rich.progress import Progress
 
 from benchmarks.models import LEAST, SIZES, Bench, Run, machine
+from benchmarks.paths import RESULTS, ROOT
 from memplan.tools.zoo import ZOO
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
 IMAGES = ROOT / "docs" / "img"
 MODELS = ("gpt2", "cnn")
 SHARES = tuple(range(100, 0, -5))  # memplan's budgets, % of its unplanned peak

@@ -54,7 +54,6 @@ from torch import nn
 
 import memplan
 from benchmarks.compiled import (
-    RESULTS,
     Outputs,
     command_line,
     compiled_graphs,
@@ -62,6 +61,7 @@ from benchmarks.compiled import (
     sizes_of,
 )
 from benchmarks.pages import saved_section, write_section
+from benchmarks.paths import RESULTS
 from memplan.errors import MemplanWarning
 from memplan.files import write_json_atomically
 from memplan.planner.measure import measure_peak

@@ -18,13 +18,13 @@ import os
 import platform
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from rich.console import Console
 from rich.progress import Progress
 
+from benchmarks.paths import ROOT
 from memplan.budget import Budget
 from memplan.errors import MemplanError
 from memplan.files import write_json_atomically
@@ -36,7 +36,6 @@ from memplan.simulate import MemoryTrace, simulate
 from memplan.solvers import SolverOptions, get_solver
 from memplan.tools.zoo import ZOO
 
-ROOT = Path(__file__).resolve().parents[1]
 JSON = ROOT / "benchmarks" / "results" / "training-solvers.json"
 PAGE = ROOT / "docs" / "training-solvers.md"
 MODELS = ("mlp", "cnn", "gpt2", "bert", "vit", "resnet")

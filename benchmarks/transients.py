@@ -16,13 +16,13 @@ import platform
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from rich.progress import track
 
 from benchmarks.pages import saved_or_measured, write_section
+from benchmarks.paths import ROOT
 from memplan.budget import Budget
 from memplan.planner.capture import compile_training_step
 from memplan.planner.options import PlanOptions
@@ -31,7 +31,6 @@ from memplan.planner.roofline import estimated_workspace
 from memplan.tools.zoo import ZOO
 from memplan.units import format_bytes
 
-ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "measurement.md"
 START, END = "<!-- transients: start -->", "<!-- transients: end -->"
 
