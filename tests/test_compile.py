@@ -214,15 +214,16 @@ def _products_before_prefetches(code: str) -> dict[str, int]:
     return before
 
 
-# Each model's graphs are compiled about ten times (the rounds at each budget): two
+# Each model's graphs are compiled about ten times (the rounds at each budget): few
 # layers keep GPT-2 and BERT quick. ResNet keeps the zoo's size: with one block per stage,
 # 70% lies within a few percent of its least as Inductor compiles it, and some profiles put
 # it over. BERT's joint graph is one that Inductor's joint-graph passes leave with a stale
-# value (planner/inductor_steps._traced_again).
+# value (planner/inductor_steps._traced_again): with one layer as with two, the least fails
+# without it (2-core CPU, 2026-12-02).
 INDUCTOR_EXAMPLES = {
     "mlp": lambda: example_of("mlp"),
     "gpt2": lambda: ZOO["gpt2"](layers=2),
-    "bert": lambda: ZOO["bert"](layers=2),
+    "bert": lambda: ZOO["bert"](layers=1),
     "resnet": lambda: example_of("resnet"),
 }
 
@@ -238,22 +239,35 @@ def in_float64(example: Example) -> Example:
     return dataclasses.replace(example, model=copy.deepcopy(example.model).double(), inputs=inputs)
 
 
+# Inductor (the default) compiles the planned graphs, recomputation included: at the least,
+# gradients equal to eager's as far as plain Inductor's are; at 70% and at the least, the
+# allocator's peak of the compiled step within the budget and within 5% of the prediction
+# of what Inductor runs (ResNet's kernels hold more than its planned graphs: it is planned
+# again lower). The least and 70% are two tests, so that the test workers share them.
+
+
 @pytest.mark.parametrize("name", list(INDUCTOR_EXAMPLES))
-def test_inductor_trains_like_eager_within_the_budget(name: str) -> None:
-    """Inductor (the default) compiles the planned graphs, recomputation included: at the
-    least, gradients equal to eager's as far as plain Inductor's are; at 70% and at the
-    least, the allocator's peak of the compiled step within the budget and within 5% of the
-    prediction of what Inductor runs (ResNet's kernels hold more than its planned graphs: it
-    is planned again lower)."""
-    check_inductor_within_budget(INDUCTOR_EXAMPLES[name]())
+def test_inductor_trains_like_eager_at_the_least(name: str) -> None:
+    check_inductor_numerics(in_float64(INDUCTOR_EXAMPLES[name]()))
+
+
+@pytest.mark.parametrize("name", list(INDUCTOR_EXAMPLES))
+def test_inductor_holds_70_percent(name: str) -> None:
+    check_inductor_at_70_percent(INDUCTOR_EXAMPLES[name]())
 
 
 def check_inductor_within_budget(example: Example) -> None:
-    """The assertions of the test above, for `example` on its own device: the least in
+    """The assertions of the two tests above, for `example` on its own device: the least in
     float64 (check_inductor_numerics), 70% in the example's own dtype. The least is not
     compiled again in float32: each compile at the least is a few of Inductor's rounds
     (ResNet's took 156 s on a 2-core CPU), and its peak is held and predicted alike."""
     check_inductor_numerics(in_float64(example))
+    check_inductor_at_70_percent(example)
+
+
+def check_inductor_at_70_percent(example: Example) -> None:
+    """`example` planned at 70% under Inductor: the step's peak as check_compiled_peak
+    holds it."""
     torch._dynamo.reset()
     backend = memplan.backend(budget="70%", progress=False)
     model = copy.deepcopy(example.model)
