@@ -382,8 +382,7 @@ class HeldWatch:
         again.resident = now
         # Planned again for what the graphs before hold, it still leaves the room it left.
         later = {**self.leaving, **asked}
-        needed = max((room.needed for room in later.values()), default=0)
-        beyond = _room_beyond(later, now)
+        needed, beyond = _room_for(later, now)
         room = dataclasses.replace(
             now,
             held=now.held + beyond,
@@ -529,8 +528,8 @@ class HeldWatch:
         self.again, self.replanned, self.warned, self.checked_steps = None, True, False, 0
         # It still leaves the later graphs the room it left them (make_room): taken as
         # resident, and given back for its own peak (Partitioner.room).
-        beyond = _room_beyond(self.leaving, again.resident)
-        why = f"leaving {format_bytes(beyond)} for later graphs" if beyond else ""
+        needed, beyond = _room_for(self.leaving, again.resident)
+        why = f"leaving {format_bytes(needed)} for later graphs" if self.leaving else ""
 
         def tried(resident: int) -> tuple[Callable[..., Any], Plan, bool]:
             taken = dataclasses.replace(held.resident, held=resident + beyond)
@@ -560,9 +559,9 @@ class HeldWatch:
         self.compiled, self.plan, self.running = compiled, plan, plan
 
 
-def _room_beyond(rooms: dict[Hashable, Room], resident: Resident) -> int:
-    """Of the most the later graphs a graph leaves `rooms` for need, what is not taken as
-    resident already: their peaks count their parameters and gradients, which are
-    (`resident.later`) for the whole graph."""
+def _room_for(rooms: dict[Hashable, Room], resident: Resident) -> tuple[int, int]:
+    """The most the later graphs a graph leaves `rooms` for need, and of it what is not
+    taken as resident already: their peaks count their parameters and gradients, which
+    are (`resident.later`) for the whole graph."""
     needed = max((room.needed for room in rooms.values()), default=0)
-    return max(0, needed - resident.later) if rooms else 0
+    return needed, max(0, needed - resident.later)
