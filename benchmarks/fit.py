@@ -27,7 +27,7 @@ from rich.progress import track
 import memplan
 from benchmarks.layout import machine
 from benchmarks.pages import write_section
-from benchmarks.paths import ROOT
+from benchmarks.paths import DOCS, RESULTS, ROOT
 from memplan.budget import Budget
 from memplan.devices import target
 from memplan.errors import MemplanWarning
@@ -39,7 +39,7 @@ from memplan.tools.verify import verify
 from memplan.units import format_bytes
 
 CONFIGS = ROOT / "benchmarks" / "configs"
-PAGE = ROOT / "docs" / "fit.md"
+PAGE = DOCS / "fit.md"
 START, END = "<!-- fit: start -->", "<!-- fit: end -->"
 
 
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
     parser.add_argument("--case", choices=CASES, help=argparse.SUPPRESS)  # one, in-process
     parser.add_argument("--no-real", dest="real", action="store_false")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.case:
         print(json.dumps(run_case(CASES[args.case])))

@@ -28,12 +28,12 @@ from rich.progress import track
 import memplan
 from benchmarks.models import machine
 from benchmarks.pages import write_section
-from benchmarks.paths import RESULTS, ROOT
+from benchmarks.paths import DOCS, RESULTS
 from memplan.tools.verify import steady_step_peak
 from memplan.tools.zoo import ZOO
 from memplan.units import format_bytes
 
-PAGE = ROOT / "docs" / "results.md"
+PAGE = DOCS / "results.md"
 MARKERS = ("<!-- inductor peaks: start -->", "<!-- inductor peaks: end -->")
 MODELS = tuple(ZOO)  # each at the zoo's own sizes: quick steps, activations dominant
 CONVOLUTIONAL = ("cnn", "resnet", "resnet50", "convnext")

@@ -26,14 +26,14 @@ from rich.progress import track
 
 import memplan
 from benchmarks.pages import section_benchmark
-from benchmarks.paths import ROOT
+from benchmarks.paths import DOCS, RESULTS
 from memplan.budget import Budget
 from memplan.planner.measure import median_step_seconds
 from memplan.tools.verify import compare_grads, steady_step_peak, training_step
 from memplan.tools.zoo import ZOO, Example
 from memplan.units import format_bytes
 
-PAGE = ROOT / "docs" / "measurement.md"
+PAGE = DOCS / "measurement.md"
 MARKERS = ("<!-- layout copies: start -->", "<!-- layout copies: end -->")
 WAYS = {"inside the kernel": "kernel", "in the graph": "graph", "memplan's choice": "choose"}
 MADE = {"kernel": "inside the kernel", "graph": "in the graph"}  # a plan's recorded way
@@ -128,7 +128,7 @@ def measure() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    path = ROOT / "benchmarks" / "results" / "layout-copies-cpu.json"
+    path = RESULTS / "layout-copies-cpu.json"
     description = __doc__.splitlines()[0]
     return section_benchmark(argv, description, path, PAGE, MARKERS, measure, markdown)
 

@@ -30,12 +30,12 @@ from rich.progress import track
 from benchmarks.compiled import Compiled, CompiledRun
 from benchmarks.models import SIZES, Bench, machine
 from benchmarks.pages import section_benchmark
-from benchmarks.paths import ROOT
+from benchmarks.paths import DOCS, RESULTS
 from memplan.errors import MemplanError
 from memplan.tools.zoo import ZOO
 from memplan.units import format_bytes
 
-PAGE = ROOT / "docs" / "measurement.md"
+PAGE = DOCS / "measurement.md"
 MARKERS = ("<!-- layout speed: start -->", "<!-- layout speed: end -->")
 MODEL = "resnet50"
 SHARES = ("90%", "70%")
@@ -128,7 +128,7 @@ def markdown(data: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    path = ROOT / "benchmarks" / "results" / "layout-speed-cpu.json"
+    path = RESULTS / "layout-speed-cpu.json"
     description = __doc__.splitlines()[0]
     return section_benchmark(argv, description, path, PAGE, MARKERS, measure, markdown)
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.paths import RESULTS, ROOT
+from benchmarks.paths import DOCS, RESULTS
 from memplan.files import write_json_atomically
 
-RESULTS_PAGE = ROOT / "docs" / "results.md"
+RESULTS_PAGE = DOCS / "results.md"
 
 
 def write_section(page: Path, text: str, start: str, end: str) -> None:

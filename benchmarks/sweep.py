@@ -27,10 +27,10 @@ from rich.console import Console
 from rich.progress import Progress
 
 from benchmarks.models import LEAST, SIZES, Bench, Run, machine
-from benchmarks.paths import RESULTS, ROOT
+from benchmarks.paths import DOCS, RESULTS
 from memplan.tools.zoo import ZOO
 
-IMAGES = ROOT / "docs" / "img"
+IMAGES = DOCS / "img"
 MODELS = ("gpt2", "cnn")
 SHARES = tuple(range(100, 0, -5))  # memplan's budgets, % of its unplanned peak
 PYTORCH_BUDGETS = tuple(round(1 - 0.05 * i, 2) for i in range(21))

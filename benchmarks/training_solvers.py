@@ -24,7 +24,7 @@ import torch
 from rich.console import Console
 from rich.progress import Progress
 
-from benchmarks.paths import ROOT
+from benchmarks.paths import DOCS, RESULTS, ROOT
 from memplan.budget import Budget
 from memplan.errors import MemplanError
 from memplan.files import write_json_atomically
@@ -36,8 +36,8 @@ from memplan.simulate import MemoryTrace, simulate
 from memplan.solvers import SolverOptions, get_solver
 from memplan.tools.zoo import ZOO
 
-JSON = ROOT / "benchmarks" / "results" / "training-solvers.json"
-PAGE = ROOT / "docs" / "training-solvers.md"
+JSON = RESULTS / "training-solvers.json"
+PAGE = DOCS / "training-solvers.md"
 MODELS = ("mlp", "cnn", "gpt2", "bert", "vit", "resnet")
 SOLVERS = ("greedy", "chain_dp", "linear", "director", "milp", "cpsat")
 SHARES = (0.9, 0.7, 0.5, 0.3)

@@ -22,7 +22,7 @@ import torch
 from rich.progress import track
 
 from benchmarks.pages import saved_or_measured, write_section
-from benchmarks.paths import ROOT
+from benchmarks.paths import DOCS, RESULTS, ROOT
 from memplan.budget import Budget
 from memplan.planner.capture import compile_training_step
 from memplan.planner.options import PlanOptions
@@ -31,7 +31,7 @@ from memplan.planner.roofline import estimated_workspace
 from memplan.tools.zoo import ZOO
 from memplan.units import format_bytes
 
-PAGE = ROOT / "docs" / "measurement.md"
+PAGE = DOCS / "measurement.md"
 START, END = "<!-- transients: start -->", "<!-- transients: end -->"
 
 
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-only", action="store_true", help="rewrite the page from JSON")
     args = parser.parse_args(argv)
     device = "cpu"
-    path = ROOT / "benchmarks" / "results" / f"transients-{device}.json"
+    path = RESULTS / f"transients-{device}.json"
 
     def measure() -> dict[str, Any]:
         cpu = platform.processor() or platform.machine()
