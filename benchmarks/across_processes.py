@@ -51,10 +51,10 @@ from benchmarks.compiled import (
 from benchmarks.models import SIZES, Bench
 from benchmarks.pages import write_section
 from benchmarks.paths import RESULTS, ROOT
-from memplan.errors import MemplanError
-from memplan.files import write_json_atomically
+from memplan.core.errors import MemplanError
+from memplan.core.files import write_json_atomically
+from memplan.core.units import format_bytes
 from memplan.tools.zoo import ZOO
-from memplan.units import format_bytes
 
 PAGE = "measurement.md"
 PROCESSES = 3  # fresh processes per case

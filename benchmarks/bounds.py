@@ -18,9 +18,9 @@ from typing import Any
 from benchmarks.pages import write_section
 from benchmarks.paths import DOCS, RESULTS
 from benchmarks.solvers import GRAPHS, SHARES
-from memplan import remat
-from memplan.files import write_json_atomically
-from memplan.node_link import load_node_link
+from memplan.core import remat
+from memplan.core.files import write_json_atomically
+from memplan.core.node_link import load_node_link
 from memplan.solvers.bounds import peak_lower_bound
 
 SOLVED = RESULTS / "solvers.json"

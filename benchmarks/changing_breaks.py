@@ -34,11 +34,11 @@ from benchmarks.blocks import checkpointed_parts
 from benchmarks.graph_breaks import grad_error
 from benchmarks.models import machine
 from benchmarks.pages import ResultsSection
-from memplan.backends import MemplanBackend
-from memplan.errors import MemplanWarning
+from memplan.compile.backend import MemplanBackend
+from memplan.core.errors import MemplanWarning
+from memplan.core.units import format_bytes
 from memplan.planner.measure import measure_peak
 from memplan.tools.verify import resident_tensors, training_step
-from memplan.units import format_bytes
 
 BUDGET = 45 * 2**20
 BATCHES = (2048, 1536, 2048, 1024, 2048)

@@ -70,10 +70,11 @@ from benchmarks.models import (
 )
 from benchmarks.pages import measured_on, saved_section, write_section
 from benchmarks.paths import DOCS, RESULTS
-from memplan.backends import MemplanBackend
-from memplan.budget import Budget
-from memplan.errors import InfeasibleBudget, MemplanError, cause_of
-from memplan.files import write_json_atomically
+from memplan.compile.backend import MemplanBackend
+from memplan.core.budget import Budget
+from memplan.core.errors import InfeasibleBudget, MemplanError, cause_of
+from memplan.core.files import write_json_atomically
+from memplan.core.units import format_bytes
 from memplan.planner.measure import paired_step_seconds
 from memplan.planner.options import PlanOptions
 from memplan.planner.peak_contents import live_at_peak
@@ -81,7 +82,6 @@ from memplan.planner.plan_file import Plan
 from memplan.tools.compare import PYTORCH_BUDGETS
 from memplan.tools.verify import compare_grads, steady_step_peak, training_step
 from memplan.tools.zoo import ZOO
-from memplan.units import format_bytes
 
 SHARES = ("90%", "70%", "50%")
 # What a smoke run shrinks each size of benchmarks.models.SIZES to (at most): every model
@@ -640,7 +640,7 @@ def section_text(saved: dict[str, Any]) -> str:
         "break or recompile; with one, that graph's prediction), each the peak of the "
         "graphs as inductor compiled them (`Plan.compiled_peak`: the simulator's, corrected "
         "by the compiled graphs' measured difference from the unfused ones, "
-        "`memplan/planner/compiled_peak.py`); the prediction error column is the "
+        "`memplan/compile/compiled_peak.py`); the prediction error column is the "
         "allocator's peak of the training step against it. Gradients: the "
         "largest absolute difference from eager's. Where a memplan run measures over "
         f"{LISTED_ABOVE:.1%} above its prediction, one more step is recorded and the "

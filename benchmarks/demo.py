@@ -11,11 +11,11 @@ from rich.console import Console
 from rich.table import Table
 
 import memplan
+from memplan.core.units import format_bytes
 from memplan.planner.measure import measure_peak, median_step_seconds
 from memplan.tools.report import plot_timeline
 from memplan.tools.verify import resident_tensors
 from memplan.tools.zoo import gpt2
-from memplan.units import format_bytes
 
 OUT = Path("out")
 STEPS = 5

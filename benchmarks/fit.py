@@ -28,15 +28,15 @@ import memplan
 from benchmarks.layout import machine
 from benchmarks.pages import write_section
 from benchmarks.paths import DOCS, RESULTS, ROOT
-from memplan.budget import Budget
-from memplan.devices import target
-from memplan.errors import MemplanWarning
-from memplan.files import write_json_atomically
+from memplan.core.budget import Budget
+from memplan.core.devices import target
+from memplan.core.errors import MemplanWarning
+from memplan.core.files import write_json_atomically
+from memplan.core.units import format_bytes
 from memplan.planner.options import PlanOptions
 from memplan.tools.fake_model import causal_lm
 from memplan.tools.fit import fit
 from memplan.tools.verify import verify
-from memplan.units import format_bytes
 
 CONFIGS = ROOT / "benchmarks" / "configs"
 PAGE = DOCS / "fit.md"

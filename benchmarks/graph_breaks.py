@@ -1,7 +1,7 @@
 """`python -m benchmarks.graph_breaks`: one budget for a step Dynamo compiles as several graphs.
 
 Models whose forward Dynamo splits into graphs, each under one memplan backend with
-Inductor at 100% and 80% of the step's unplanned peak (memplan/held_watch.py: the graphs
+Inductor at 100% and 80% of the step's unplanned peak (memplan/compile/held_watch.py: the graphs
 before a graph left under its least make room for it at the next step):
 
 - two halves of three checkpointed blocks (width 256, batch 2048) with a graph break
@@ -39,11 +39,11 @@ import memplan
 from benchmarks.blocks import checkpointed_parts, large_head
 from benchmarks.models import machine
 from benchmarks.pages import ResultsSection
-from memplan.errors import MemplanWarning
+from memplan.core.errors import MemplanWarning
+from memplan.core.units import format_bytes
 from memplan.planner.measure import measure_peak, median_step_seconds
 from memplan.tools.verify import resident_tensors, steady_step_peak, training_step
 from memplan.tools.zoo import ZOO
-from memplan.units import format_bytes
 
 BUDGETS = ("100%", "80%")
 MEASURED_STEPS = 2  # steps 3 and 4

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from memplan.graph import Graph, Node
+from memplan.core.graph import Graph, Node
 
 
 def random_layered_graph(n: int, width: int = 20, seed: int = 0) -> Graph:

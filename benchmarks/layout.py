@@ -47,12 +47,14 @@ from rich.progress import Progress
 
 from benchmarks.models import SIZES
 from benchmarks.paths import DOCS, RESULTS, ROOT
-from memplan import remat
-from memplan.budget import Budget
-from memplan.errors import InfeasibleBudget, MemplanError
-from memplan.files import write_json_atomically
-from memplan.graph import Graph
-from memplan.node_link import load_node_link
+from memplan.core import remat
+from memplan.core.budget import Budget
+from memplan.core.errors import InfeasibleBudget, MemplanError
+from memplan.core.files import write_json_atomically
+from memplan.core.graph import Graph
+from memplan.core.node_link import load_node_link
+from memplan.core.simulate import MemoryTrace, simulate
+from memplan.core.units import format_bytes
 from memplan.planner.capture import compile_training_step
 from memplan.planner.fragmentation import ArenaFit, fit_arena
 from memplan.planner.layout import (
@@ -63,13 +65,12 @@ from memplan.planner.layout import (
     lay_out,
 )
 from memplan.planner.options import PlanOptions
-from memplan.planner.plan import Partitioner, plan_graph
+from memplan.planner.partitioner import Partitioner
+from memplan.planner.plan import plan_graph
 from memplan.planner.plan_file import Plan
-from memplan.simulate import MemoryTrace, simulate
 from memplan.solvers import SolverOptions, get_solver
 from memplan.tools.report import placement_plot
 from memplan.tools.zoo import ZOO
-from memplan.units import format_bytes
 
 JSON = RESULTS / "layout.json"
 PAGE = DOCS / "layout.md"

@@ -27,11 +27,11 @@ from rich.progress import track
 import memplan
 from benchmarks.pages import section_benchmark
 from benchmarks.paths import DOCS, RESULTS
-from memplan.budget import Budget
+from memplan.core.budget import Budget
+from memplan.core.units import format_bytes
 from memplan.planner.measure import median_step_seconds
 from memplan.tools.verify import compare_grads, steady_step_peak, training_step
 from memplan.tools.zoo import ZOO, Example
-from memplan.units import format_bytes
 
 PAGE = DOCS / "measurement.md"
 MARKERS = ("<!-- layout copies: start -->", "<!-- layout copies: end -->")

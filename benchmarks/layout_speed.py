@@ -4,7 +4,7 @@ Inductor's layout optimization when memplan's backend holds it to a budget.
 The optimization (channels-last kernels) is for speed, and it can take a graph over its
 budget: its channels-last copies are memory the unfused graphs do not hold. The backend
 plans such a graph lower with the optimization on, and compiles it without it only where
-no round with it holds the budget (memplan/backends.py). This measures what that order
+no round with it holds the budget (memplan/compile/backend.py). This measures what that order
 is worth. ResNet-50 of the zoo, at the head-to-head's sizes (benchmarks.models.SIZES),
 trains under torch.compile's default and under memplan's backend at each of SHARES, once
 as the backend chooses and once with `inductor_config={"layout_optimization": False}`
@@ -31,9 +31,9 @@ from benchmarks.compiled import Compiled, CompiledRun
 from benchmarks.models import SIZES, Bench, machine
 from benchmarks.pages import section_benchmark
 from benchmarks.paths import DOCS, RESULTS
-from memplan.errors import MemplanError
+from memplan.core.errors import MemplanError
+from memplan.core.units import format_bytes
 from memplan.tools.zoo import ZOO
-from memplan.units import format_bytes
 
 PAGE = DOCS / "measurement.md"
 MARKERS = ("<!-- layout speed: start -->", "<!-- layout speed: end -->")

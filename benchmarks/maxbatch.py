@@ -19,10 +19,10 @@ from rich.console import Console
 
 from benchmarks.models import SIZES, machine
 from benchmarks.paths import DOCS, RESULTS
+from memplan.core.units import format_bytes
 from memplan.tools.maxbatch import DEFAULT_OVERHEAD, METHODS, MaxBatch, Probe, max_batch
 from memplan.tools.verify import steady_step_peak
 from memplan.tools.zoo import ZOO
-from memplan.units import format_bytes
 
 MODELS = ("gpt2", "resnet50")
 REFERENCE_BATCH = 8

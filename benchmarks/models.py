@@ -44,12 +44,12 @@ from torch import nn
 import memplan
 from benchmarks.pages import measured_on
 from benchmarks.paths import DOCS, RESULTS
-from memplan.errors import InfeasibleBudget, MemplanError
+from memplan.core.errors import InfeasibleBudget, MemplanError
+from memplan.core.units import format_bytes
 from memplan.planner.measure import measure_peak, median_step_seconds
 from memplan.tools.compare import PYTORCH_BUDGETS, checkpoint_blocks, pytorch_partitioned
 from memplan.tools.verify import compare_grads, resident_tensors, training_step
 from memplan.tools.zoo import ZOO, Example
-from memplan.units import format_bytes
 
 # The models, sized so that activations, not parameters, dominate the peak and a
 # CPU step takes a fraction of a second to a few seconds on a 2-core machine.

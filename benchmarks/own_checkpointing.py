@@ -32,10 +32,10 @@ import memplan
 from benchmarks.blocks import Block
 from benchmarks.models import machine
 from benchmarks.pages import ResultsSection
-from memplan.errors import MemplanWarning
+from memplan.core.errors import MemplanWarning
+from memplan.core.units import format_bytes
 from memplan.planner.measure import median_step_seconds
 from memplan.tools.verify import steady_step_peak, training_step
-from memplan.units import format_bytes
 
 BLOCKS, WIDTH, BATCH = 6, 512, 2048
 # memplan's budgets: shares of its unplanned step, and its least (1 byte, best effort).

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.paths import DOCS, RESULTS
-from memplan.files import write_json_atomically
+from memplan.core.files import write_json_atomically
 
 RESULTS_PAGE = DOCS / "results.md"
 

@@ -1,7 +1,7 @@
 """`python -m benchmarks.repeated_calls`: a graph called again before its backward.
 
 Two ways users call one compiled graph more than once before one backward, each under one
-memplan backend (memplan/held_watch.py):
+memplan backend (memplan/compile/held_watch.py):
 
 - siamese: an encoder (6 layers of width 256 and a projection to 16, batch 2048) compiled
   on its own and called on two inputs, the loss the mean of the embeddings' product, at
@@ -33,9 +33,9 @@ import memplan
 from benchmarks.blocks import Block
 from benchmarks.models import machine
 from benchmarks.pages import ResultsSection
-from memplan.errors import MemplanWarning
+from memplan.core.errors import MemplanWarning
+from memplan.core.units import format_bytes
 from memplan.planner.measure import measure_peak
-from memplan.units import format_bytes
 
 SIAMESE_SHARES = (0.8, 0.7, 0.6, 0.5)
 REGIONAL_BUDGET = "70%"
@@ -80,7 +80,7 @@ def _three_steps(
         return warned, first, _peak(step, model, inputs)
 
 
-def _plans(backend: memplan.backends.MemplanBackend) -> list[dict[str, Any]]:
+def _plans(backend: memplan.compile.backend.MemplanBackend) -> list[dict[str, Any]]:
     return [
         {
             "name": p.name,

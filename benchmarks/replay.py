@@ -50,12 +50,12 @@ from benchmarks.compiled import (
 )
 from benchmarks.models import Bench
 from benchmarks.pages import write_section
-from memplan.errors import MemplanError
-from memplan.files import write_json_atomically
+from memplan.core.errors import MemplanError
+from memplan.core.files import write_json_atomically
+from memplan.core.units import format_bytes
 from memplan.planner.plan_file import Plan
 from memplan.planner.views import is_view
 from memplan.tools.zoo import ZOO
-from memplan.units import format_bytes
 
 PAGE = "measurement.md"
 # Per device, (model, torch.compile's activation_memory_budget): the points memplan's

@@ -41,9 +41,10 @@ from torch.utils.flop_counter import flop_registry
 
 from benchmarks import layout
 from benchmarks.paths import ROOT
-from memplan import devices
-from memplan.errors import MemplanWarning
-from memplan.files import write_atomically, write_json_atomically
+from memplan.core import devices
+from memplan.core.errors import MemplanWarning
+from memplan.core.files import write_atomically, write_json_atomically
+from memplan.core.units import format_seconds
 from memplan.planner.capture import compile_training_step
 from memplan.planner.lower import drop_checked_asserts
 from memplan.planner.measure import median_step_seconds
@@ -53,7 +54,6 @@ from memplan.planner.roofline import MORE_FLOP_FORMULAS
 from memplan.planner.views import is_view
 from memplan.tools.verify import training_step
 from memplan.tools.zoo import ZOO, Example
-from memplan.units import format_seconds
 
 RESULTS = Path("benchmarks") / "results" / "roofline-cpu.json"
 PAGE = Path("docs") / "roofline.md"
@@ -385,7 +385,7 @@ def markdown(data: dict[str, Any], image: str | None) -> str:
         "of the dtype of the node's first output; bytes are those of its tensor inputs and "
         "outputs, none for a view. It is used with `measure=False` (`--no-measure`), for a "
         "node that cannot run alone on the device, and to plan for a GPU one does not have "
-        "(`PlanOptions.device_spec`, `memplan/devices.py`).",
+        "(`PlanOptions.device_spec`, `memplan/core/devices.py`).",
         "",
         "On a GPU the specs are datasheet peaks, which no kernel exceeds, so the max() "
         "is a lower bound on a kernel's time there, short by however far the kernel falls "

@@ -27,11 +27,12 @@ from rich.progress import Progress
 from benchmarks.layered import random_layered_graph
 from benchmarks.pages import write_section
 from benchmarks.paths import DOCS, RESULTS, ROOT
-from memplan import remat, solvers
-from memplan.errors import MemplanError
-from memplan.graph import Graph
-from memplan.node_link import load_node_link
-from memplan.schedule_file import solved_schedule
+from memplan import solvers
+from memplan.core import remat
+from memplan.core.errors import MemplanError
+from memplan.core.graph import Graph
+from memplan.core.node_link import load_node_link
+from memplan.core.schedule_file import solved_schedule
 from memplan.solvers.bounds import peak_lower_bound
 
 GRAPHS = ROOT / "benchmarks" / "graphs"

@@ -62,12 +62,12 @@ from benchmarks.compiled import (
 )
 from benchmarks.pages import saved_section, write_section
 from benchmarks.paths import RESULTS
-from memplan.errors import MemplanWarning
-from memplan.files import write_json_atomically
+from memplan.core.errors import MemplanWarning
+from memplan.core.files import write_json_atomically
+from memplan.core.units import format_bytes, format_seconds
 from memplan.planner.measure import measure_peak
 from memplan.tools.verify import resident_tensors, steady_step_peak
 from memplan.tools.zoo import ZOO
-from memplan.units import format_bytes, format_seconds
 
 MODEL = "gpt2"
 LEARNING_RATE = 1e-3

@@ -25,14 +25,14 @@ from rich.console import Console
 from rich.progress import Progress
 
 from benchmarks.paths import DOCS, RESULTS, ROOT
-from memplan.budget import Budget
-from memplan.errors import MemplanError
-from memplan.files import write_json_atomically
-from memplan.graph import Graph
+from memplan.core.budget import Budget
+from memplan.core.errors import MemplanError
+from memplan.core.files import write_json_atomically
+from memplan.core.graph import Graph
+from memplan.core.simulate import MemoryTrace, simulate
 from memplan.planner.capture import compile_training_step
 from memplan.planner.options import PlanOptions
-from memplan.planner.plan import Partitioner
-from memplan.simulate import MemoryTrace, simulate
+from memplan.planner.partitioner import Partitioner
 from memplan.solvers import SolverOptions, get_solver
 from memplan.tools.zoo import ZOO
 

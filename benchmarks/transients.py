@@ -23,13 +23,13 @@ from rich.progress import track
 
 from benchmarks.pages import saved_or_measured, write_section
 from benchmarks.paths import DOCS, RESULTS, ROOT
-from memplan.budget import Budget
+from memplan.core.budget import Budget
+from memplan.core.units import format_bytes
 from memplan.planner.capture import compile_training_step
 from memplan.planner.options import PlanOptions
-from memplan.planner.plan import Partitioner
+from memplan.planner.partitioner import Partitioner
 from memplan.planner.roofline import estimated_workspace
 from memplan.tools.zoo import ZOO
-from memplan.units import format_bytes
 
 PAGE = DOCS / "measurement.md"
 START, END = "<!-- transients: start -->", "<!-- transients: end -->"

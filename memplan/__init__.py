@@ -1,7 +1,7 @@
 """memplan: plan training memory in PyTorch: keep, recompute or offload each activation.
 
 The torch-facing API is imported on first use, so that the IR, the simulator and the
-solvers (memplan.graph, memplan.simulate, memplan.solvers) load without torch.
+solvers (memplan.core.graph, memplan.core.simulate, memplan.solvers) load without torch.
 """
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from memplan.budget import Budget
-from memplan.errors import InfeasibleBudget, MemplanError
+from memplan.core.budget import Budget
+from memplan.core.errors import InfeasibleBudget, MemplanError
 
 _LAZY = {
     "optimize": "memplan.api",
     "plan": "memplan.api",
     "PlannedModule": "memplan.planner.module",
-    "backend": "memplan.backends",
+    "backend": "memplan.compile.backend",
     "Plan": "memplan.planner.plan_file",
 }
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import nn
 
-from memplan.budget import Budget
+from memplan.core.budget import Budget
 from memplan.planner.module import PlannedModule, plan_module
 from memplan.planner.options import PlanOptions
 from memplan.planner.plan_file import Plan

@@ -47,3 +47,12 @@ def model_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     from memplan.solvers import warm_start
 
     monkeypatch.setattr(warm_start, "director_sequence", lambda *args: None)
+
+
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch) -> None:
+    """A profile and plan cache of the test's own. In the run-wide one, a plan another
+    test kept for the same graph and budget is applied without rounds, and another worker
+    profiling the same model between a test's two compiles rewrites the node times the
+    plan's key holds."""
+    monkeypatch.setenv("MEMPLAN_CACHE_DIR", str(tmp_path))

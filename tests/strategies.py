@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from memplan.graph import Compute, Graph, Node, NodeKind, Step
+from memplan.core.graph import Compute, Graph, Node, NodeKind, Step
 
 SIZES = st.integers(min_value=1, max_value=100)
 TIMES = st.integers(min_value=0, max_value=5).map(float)

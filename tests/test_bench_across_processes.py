@@ -13,7 +13,7 @@ import pytest
 from benchmarks import across_processes
 from benchmarks.across_processes import FLOOR, cases, in_fresh_process, markdown, verdict
 from benchmarks.compiled import BELOW_LEAST
-from memplan.errors import MemplanError
+from memplan.core.errors import MemplanError
 
 MIB = 1 << 20
 

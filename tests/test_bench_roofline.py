@@ -11,7 +11,7 @@ import torch
 
 from benchmarks import roofline
 from benchmarks.roofline import FAMILIES, VIEW, WORK, Sample, by_family, family, summarise
-from memplan import devices
+from memplan.core import devices
 from memplan.tools.zoo import ZOO
 
 aten = torch.ops.aten

@@ -8,9 +8,9 @@ from fractions import Fraction
 
 import pytest
 
-from memplan.budget import Budget
-from memplan.errors import BudgetError, MemplanError
-from memplan.units import format_bytes
+from memplan.core.budget import Budget
+from memplan.core.errors import BudgetError, MemplanError
+from memplan.core.units import format_bytes
 
 
 @pytest.mark.parametrize(

@@ -17,13 +17,13 @@ import torch
 from torch import nn
 
 from memplan import api, solvers
-from memplan.cli import main
-from memplan.errors import PlanFileError
-from memplan.node_link import load_node_link
+from memplan.cli.main import main
+from memplan.core.errors import PlanFileError
+from memplan.core.node_link import load_node_link
+from memplan.core.units import format_bytes
 from memplan.planner.plan_file import Plan
 from memplan.tools.report import plot_timeline
 from memplan.tools.zoo import ZOO
-from memplan.units import format_bytes
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 REPO = Path(__file__).resolve().parents[1]
@@ -374,7 +374,7 @@ def test_usage_errors_exit_2(argv, capsys):
 
 def test_console_script_module_runs():
     result = subprocess.run(
-        [sys.executable, "-m", "memplan.cli", "--help"],
+        [sys.executable, "-m", "memplan.cli.main", "--help"],
         cwd=REPO,
         capture_output=True,
         text=True,

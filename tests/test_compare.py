@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from memplan.errors import MemplanError
+from memplan.core.errors import MemplanError
 from memplan.tools.compare import checkpoint_blocks, pytorch_partitioned
 from memplan.tools.verify import compare_grads, steady_step_peak, training_step
 from memplan.tools.zoo import ResidualBlock, cnn, gpt2

@@ -10,11 +10,11 @@ import torch
 from torch import nn
 
 import memplan
-from memplan.budget import Budget
-from memplan.errors import MemplanError
+from memplan.core.budget import Budget
+from memplan.core.errors import MemplanError
 from memplan.planner.capture import compile_training_step
 from memplan.planner.options import PlanOptions
-from memplan.planner.plan import Partitioner
+from memplan.planner.partitioner import Partitioner
 from memplan.tools.verify import compare_grads, training_step
 
 

@@ -1,4 +1,4 @@
-"""Device specs for the roofline (memplan/devices.py): the built-in GPUs by name, spec
+"""Device specs for the roofline (memplan/core/devices.py): the built-in GPUs by name, spec
 files with one-line errors, and roofline times that follow the dtype's peak."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from memplan import devices
-from memplan.devices import DeviceSpecError, load_spec, target
+from memplan.core import devices
+from memplan.core.devices import DeviceSpecError, load_spec, target
 from memplan.planner.roofline import roofline_seconds
 
 

@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 import memplan
-from memplan.backends import MemplanBackend
+from memplan.compile.backend import MemplanBackend
 from memplan.planner.plan_file import Plan
 
 pytestmark = pytest.mark.skipif(

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import memplan
-from memplan.budget import Budget
-from memplan.errors import InfeasibleBudget
+from memplan.core.budget import Budget
+from memplan.core.errors import InfeasibleBudget
 from memplan.planner.measure import measure_peak
 from memplan.tools.verify import steady_step_peak
 from memplan.tools.zoo import ZOO, Example

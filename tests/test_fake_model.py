@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import memplan
-from memplan.devices import target
-from memplan.errors import MemplanWarning
+from memplan.core.devices import target
+from memplan.core.errors import MemplanWarning
 from memplan.tools.fake_model import ConfigError, causal_lm
 from memplan.tools.zoo import Example, LossOf
 

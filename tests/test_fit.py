@@ -1,4 +1,4 @@
-"""Will it fit? (memplan/training_state.py, memplan/tools/fit.py and `memplan plan
+"""Will it fit? (memplan/core/training_state.py, memplan/tools/fit.py and `memplan plan
 --hf-config`): a model's whole training step, optimizer state included, planned on fake
 tensors for a target device, its peak broken into parts, and budgets no plan can meet
 proved so without a search."""
@@ -12,18 +12,18 @@ import warnings
 import pytest
 
 import memplan
-from memplan.budget import Budget
-from memplan.cli import main
-from memplan.devices import target
-from memplan.errors import MemplanError, MemplanWarning
-from memplan.graph import Graph, Node, NodeKind
+from memplan.cli.main import main
+from memplan.core.budget import Budget
+from memplan.core.devices import target
+from memplan.core.errors import MemplanError, MemplanWarning
+from memplan.core.graph import Graph, Node, NodeKind
+from memplan.core.simulate import simulate
+from memplan.core.training_state import GATHERED_UNITS, TrainingState, breakdown, floor, per_rank
 from memplan.planner.options import PlanOptions
-from memplan.simulate import simulate
 from memplan.solvers import SolverOptions, get_solver
 from memplan.tools.fake_model import causal_lm
 from memplan.tools.fit import fit, largest_batch, ranks_needed, training_state
 from memplan.tools.verify import verify
-from memplan.training_state import GATHERED_UNITS, TrainingState, breakdown, floor, per_rank
 
 GPT2 = {
     "model_type": "gpt2", "vocab_size": 512, "n_positions": 64, "n_embd": 64, "n_layer": 2,

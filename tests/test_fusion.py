@@ -11,12 +11,12 @@ from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import memplan
-from memplan.budget import Budget
-from memplan.graph import Graph
+from memplan.core.budget import Budget
+from memplan.core.graph import Graph
 from memplan.planner.capture import compile_training_step
 from memplan.planner.fusion import fused_away
 from memplan.planner.options import PlanOptions
-from memplan.planner.plan import Partitioner
+from memplan.planner.partitioner import Partitioner
 
 
 def test_what_inductor_fuses_away():

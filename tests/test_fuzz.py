@@ -31,11 +31,12 @@ from hypothesis import strategies as st
 from torch import nn
 
 import memplan
-from memplan import cli as cli_module
-from memplan import cli_args, remat
-from memplan.budget import Budget
-from memplan.cli import main
-from memplan.errors import (
+from memplan.cli import args as cli_args
+from memplan.cli import main as cli_module
+from memplan.cli.main import main
+from memplan.core import remat
+from memplan.core.budget import Budget
+from memplan.core.errors import (
     BudgetError,
     GraphError,
     InfeasibleBudget,
@@ -43,14 +44,14 @@ from memplan.errors import (
     ModelFileError,
     PlanFileError,
 )
-from memplan.files import write_json_atomically, write_together
-from memplan.graph import Compute, Graph, Node, Schedule, SolveResult
-from memplan.node_link import load_node_link
+from memplan.core.files import write_json_atomically, write_together
+from memplan.core.graph import Compute, Graph, Node, Schedule, SolveResult
+from memplan.core.node_link import load_node_link
+from memplan.core.simulate import simulate
 from memplan.planner import solve as solve_module
 from memplan.planner.model_file import load_model
 from memplan.planner.plan_file import Plan
 from memplan.planner.solve import Solved, provenance, solve_within_budget
-from memplan.simulate import simulate
 from memplan.solvers import SolverOptions
 
 REPO = Path(__file__).resolve().parents[1]
@@ -542,7 +543,7 @@ def test_corrupt_pt2_files_print_one_line_on_the_real_stderr(pt2, tmp_path):
     output = tmp_path / "out" / "plan.json"
     script = (
         "import json, sys\n"
-        "from memplan.cli import main\n"
+        "from memplan.cli.main import main\n"
         "out, *models = sys.argv[1:]\n"
         "codes = [main(['plan', m, '--budget', '100%', '--no-measure', '-o', out])"
         " for m in models]\n"

@@ -1,7 +1,7 @@
 """On a GPU: the end-to-end checks, read with max_memory_allocated; offload lowering the
 device peak; and torch.compile as users run it (inductor, the transfer ops on the copy
 stream, changing shapes, graph breaks under one budget), by the CPU tests' own checks.
-Skipped where CUDA is not available (the CPU runs are in test_e2e.py and test_compile.py).
+Skipped where CUDA is not available (the CPU runs: test_e2e.py, test_compile_*.py).
 """
 
 from __future__ import annotations
@@ -11,15 +11,14 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from test_compile import (
-    check_changing_shapes,
+from compile_support import max_grad_errors, small_gpt2
+from test_compile_breaks import check_three_graph_breaks
+from test_compile_numerics import (
     check_inductor_within_budget,
     check_offload_plan_under_inductor,
-    check_three_graph_breaks,
     check_transfer_ops,
-    max_grad_errors,
-    small_gpt2,
 )
+from test_compile_shapes import check_changing_shapes
 from test_e2e import eager_grads, example_of, train_step
 from test_verify import check_blocks_live_at_peak
 
@@ -108,11 +107,11 @@ def test_transfer_ops_on_the_copy_stream_under_inductor_and_export() -> None:
     check_transfer_ops(CUDA)
 
 
-def test_inductor_runs_an_offload_plan_on_gpu() -> None:
+def test_inductor_runs_an_offload_plan_on_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     # Measured: on the H200's roofline estimate the MLP's plans recompute rather than
     # offload, even over a 1 TB/s link (memplan.plan at 50-70%, 2026-11-30); measured, the
     # test's plan offloaded on an H200 (2026-11-27, at 50%).
-    check_offload_plan_under_inductor(example_of("mlp").to(CUDA), measure=True)
+    check_offload_plan_under_inductor(example_of("mlp").to(CUDA), monkeypatch, measure=True)
 
 
 def test_changing_shapes_on_gpu_train_like_eager() -> None:

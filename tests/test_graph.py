@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import random_graphs, topological_steps, training_graphs
 
-from memplan.errors import GraphError
-from memplan.graph import (
+from memplan.core.errors import GraphError
+from memplan.core.graph import (
     Compute,
     Free,
     Graph,
@@ -25,7 +25,7 @@ from memplan.graph import (
     Wait,
     with_frees,
 )
-from memplan.schedule_file import schedule_from_json, schedule_to_json
+from memplan.core.schedule_file import schedule_from_json, schedule_to_json
 
 PARAM, INPUT, TANGENT = NodeKind.PARAM, NodeKind.INPUT, NodeKind.TANGENT
 
@@ -50,8 +50,8 @@ def small_graph() -> Graph:
 def test_ir_simulator_and_solvers_import_without_torch():
     code = (
         "import sys\n"
-        "import memplan.graph, memplan.simulate, memplan.solvers, memplan.remat\n"
-        "import memplan.node_link\n"
+        "import memplan.core.graph, memplan.core.simulate, memplan.solvers, memplan.core.remat\n"
+        "import memplan.core.node_link\n"
         "import memplan.solvers.training, memplan.solvers.baselines, memplan.solvers.greedy\n"
         "from memplan.solvers import REGISTRY\n"
         "import importlib\n"

@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 from strategies import chain_graph, random_graphs, topological_steps, training_graphs
 from test_plan_file import hand_made_plan, plan_data
 
-from memplan.budget import Budget
-from memplan.errors import InfeasibleBudget, MemplanError, PlanFileError
-from memplan.graph import Decision, Graph, Prefetch, Schedule, with_frees
+from memplan.core.budget import Budget
+from memplan.core.errors import InfeasibleBudget, MemplanError, PlanFileError
+from memplan.core.graph import Decision, Graph, Prefetch, Schedule, with_frees
+from memplan.core.simulate import Allocation, MemoryTrace, simulate
 from memplan.planner.layout import (
     ALLOCATOR_ALIGNMENT,
     METHODS,
@@ -30,7 +31,6 @@ from memplan.planner.layout import (
 from memplan.planner.options import PlanOptions
 from memplan.planner.plan import plan_graph
 from memplan.planner.plan_file import Plan
-from memplan.simulate import Allocation, MemoryTrace, simulate
 from memplan.solvers import SolverOptions
 from memplan.solvers.chain_dp import chain_dp, linear
 from memplan.solvers.training import build_schedule

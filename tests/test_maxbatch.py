@@ -9,8 +9,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from memplan.cli import main
-from memplan.errors import MemplanError
+from memplan.cli.main import main
+from memplan.core.errors import MemplanError
 from memplan.tools import batch_search, maxbatch
 from memplan.tools.verify import resident_tensors, training_step
 from memplan.tools.zoo import mlp

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from strategies import chain_graph
 
-from memplan.budget import Budget
-from memplan.errors import PlanFileError
+from memplan.core.budget import Budget
+from memplan.core.errors import PlanFileError
 from memplan.planner.options import PlanOptions
 from memplan.planner.plan import plan_graph
 from memplan.planner.plan_file import _PLAN_FIELDS, PLAN_FORMAT, Plan

@@ -14,8 +14,8 @@ from torch import fx
 from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from memplan import config, devices
-from memplan.errors import MemplanWarning
+from memplan.core import config, devices
+from memplan.core.errors import MemplanWarning
 from memplan.planner import profile, roofline
 from memplan.planner.measure import measure_peak
 from memplan.planner.pass_values import meta_bytes

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memplan import remat
-from memplan.errors import GraphError, InvalidSchedule
-from memplan.graph import Graph, Node, SolveResult
-from memplan.node_link import load_node_link
-from memplan.schedule_file import solved_schedule
-from memplan.simulate import simulate
+from memplan.core import remat
+from memplan.core.errors import GraphError, InvalidSchedule
+from memplan.core.graph import Graph, Node, SolveResult
+from memplan.core.node_link import load_node_link
+from memplan.core.schedule_file import solved_schedule
+from memplan.core.simulate import simulate
 
 GRAPHS = Path(__file__).resolve().parents[1] / "benchmarks" / "graphs"
 ALL_GRAPHS = sorted(GRAPHS.glob("*.json"))

@@ -11,7 +11,7 @@ from matplotlib.collections import PolyCollection
 from matplotlib.colors import to_rgba
 from rich.console import Console
 
-from memplan.errors import MemplanError
+from memplan.core.errors import MemplanError
 from memplan.planner.plan_file import Plan
 from memplan.tools.report import MIB, placement_figure, placement_plot, summary_table
 

@@ -9,10 +9,10 @@ import torch
 from torch import nn
 from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
-from memplan.graph import Decision, Free, Schedule
+from memplan.core.graph import Decision, Free, Schedule
+from memplan.core.simulate import simulate
 from memplan.passes.rewrite import rewrite
 from memplan.planner.lower import lower
-from memplan.simulate import simulate
 from memplan.solvers.training import build_schedule
 
 

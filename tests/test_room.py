@@ -16,14 +16,15 @@ import pytest
 import torch
 from test_plan_file import hand_made_plan
 
-from memplan.budget import Budget
-from memplan.errors import MemplanWarning
-from memplan.held_watch import GraphAgain, Held, HeldWatch, WaitingCalls
+from memplan.compile.held_watch import GraphAgain, Held, HeldWatch, WaitingCalls
+from memplan.compile.room import Room, RoomsMade
+from memplan.compile.step import StepKey
+from memplan.core.budget import Budget
+from memplan.core.errors import MemplanWarning
 from memplan.planner.options import PlanOptions
-from memplan.planner.plan import Partitioner, Resident
+from memplan.planner.partitioner import Partitioner
+from memplan.planner.plan import Resident
 from memplan.planner.plan_file import Plan
-from memplan.room import Room, RoomsMade
-from memplan.step import StepKey
 
 MiB = 2**20
 FIRST, SECOND = StepKey(0, 0, frozenset()), StepKey(1, 0, frozenset())

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from strategies import random_graphs, topological_steps
 
-from memplan import remat
-from memplan.errors import GraphError, InvalidSchedule
-from memplan.graph import (
+from memplan.core import remat
+from memplan.core.errors import GraphError, InvalidSchedule
+from memplan.core.graph import (
     Compute,
     Free,
     Graph,
@@ -24,7 +24,7 @@ from memplan.graph import (
     Wait,
     with_frees,
 )
-from memplan.simulate import simulate
+from memplan.core.simulate import simulate
 
 PARAM, INPUT, TANGENT = NodeKind.PARAM, NodeKind.INPUT, NodeKind.TANGENT
 C, F, Off, P, W = Compute, Free, Offload, Prefetch, Wait

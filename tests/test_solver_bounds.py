@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_fuzz import VGG
 
-from memplan import remat
-from memplan.cli import main
-from memplan.errors import InfeasibleBudget
-from memplan.graph import Graph, Node
+from memplan.cli.main import main
+from memplan.core import remat
+from memplan.core.errors import InfeasibleBudget
+from memplan.core.graph import Graph, Node
 from memplan.planner.solve import solve_within_budget
 from memplan.solvers import SolverOptions
 from memplan.solvers.bounds import peak_lower_bound

@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import chain_graph, random_graphs, training_graphs
 
-from memplan import remat
-from memplan.graph import Compute, Decision, Graph, Node, NodeKind, SolveResult
-from memplan.node_link import load_node_link
-from memplan.simulate import simulate
+from memplan.core import remat
+from memplan.core.graph import Compute, Decision, Graph, Node, NodeKind, SolveResult
+from memplan.core.node_link import load_node_link
+from memplan.core.simulate import simulate
 from memplan.solvers import SolverOptions, get_solver
 from memplan.solvers.baselines import chen_sqrt
 from memplan.solvers.chain import Selection, build_chain, cut_points, forward_nodes
@@ -416,10 +416,10 @@ def test_chain_solvers_are_monotone_on_mirrored_chains(graph, solver):
 @pytest.fixture(scope="module")
 def zoo_cnn() -> Graph:
     """The zoo's CNN traced and profiled as the pipeline does (benchmarks.training_solvers)."""
-    from memplan.budget import Budget
+    from memplan.core.budget import Budget
     from memplan.planner.capture import compile_training_step
     from memplan.planner.options import PlanOptions
-    from memplan.planner.plan import Partitioner
+    from memplan.planner.partitioner import Partitioner
     from memplan.tools.zoo import ZOO
 
     example = ZOO["cnn"]()

@@ -14,11 +14,11 @@ from strategies import chain_graph
 
 pytest.importorskip("ortools")
 
-from memplan import remat
-from memplan.errors import MissingDependency
-from memplan.graph import Graph, Node, SolveResult
-from memplan.node_link import load_node_link
-from memplan.simulate import simulate
+from memplan.core import remat
+from memplan.core.errors import MissingDependency
+from memplan.core.graph import Graph, Node, SolveResult
+from memplan.core.node_link import load_node_link
+from memplan.core.simulate import simulate
 from memplan.solvers import SolverOptions
 from memplan.solvers.cpsat import solve
 

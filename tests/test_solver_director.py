@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 from strategies import chain_graph, training_graphs
 
 from benchmarks.layered import random_layered_graph
-from memplan import remat
-from memplan.errors import GraphError
-from memplan.graph import Decision, Graph, Node
-from memplan.node_link import load_node_link
-from memplan.simulate import simulate
+from memplan.core import remat
+from memplan.core.errors import GraphError
+from memplan.core.graph import Decision, Graph, Node
+from memplan.core.node_link import load_node_link
+from memplan.core.simulate import simulate
 from memplan.solvers import SolverOptions
 from memplan.solvers.director import solve
 

@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.layered import random_layered_graph
-from memplan import remat
-from memplan.graph import Graph, Node
-from memplan.simulate import simulate
+from memplan.core import remat
+from memplan.core.graph import Graph, Node
+from memplan.core.simulate import simulate
 from memplan.solvers import SolverOptions, cpsat_remat, lns
 
 PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from strategies import chain_graph
 
-from memplan import remat
-from memplan.errors import MemplanError, MissingDependency, UnsupportedModel
-from memplan.graph import Graph, Node, NodeKind
-from memplan.node_link import load_node_link
-from memplan.simulate import simulate
+from memplan.core import remat
+from memplan.core.errors import MemplanError, MissingDependency, UnsupportedModel
+from memplan.core.graph import Graph, Node, NodeKind
+from memplan.core.node_link import load_node_link
+from memplan.core.simulate import simulate
 from memplan.solvers import SolverOptions, milp, milp_model, warm_start
 
 pytest.importorskip("pulp")

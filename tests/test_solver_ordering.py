@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from test_solver_bounds import small_dags
 
 from benchmarks.layered import random_layered_graph
-from memplan import remat
-from memplan.graph import Graph, Node
-from memplan.node_link import load_node_link
-from memplan.simulate import simulate
+from memplan.core import remat
+from memplan.core.graph import Graph, Node
+from memplan.core.node_link import load_node_link
+from memplan.core.simulate import simulate
 from memplan.solvers import SolverOptions
 from memplan.solvers.director import solve
 from memplan.solvers.ordering import order_peak, reordered, searched_order

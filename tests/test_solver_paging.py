@@ -20,10 +20,10 @@ pytest.importorskip("ortools")
 
 from test_solver_milp import random_dag  # literature-style DAGs, up to three inputs each
 
-from memplan import remat
-from memplan.graph import Graph, Node, Offload, Prefetch, SolveResult
-from memplan.node_link import load_node_link
-from memplan.simulate import MemoryTrace, simulate
+from memplan.core import remat
+from memplan.core.graph import Graph, Node, Offload, Prefetch, SolveResult
+from memplan.core.node_link import load_node_link
+from memplan.core.simulate import MemoryTrace, simulate
 from memplan.solvers import SolverOptions, cpsat, cpsat_remat, milp
 
 EXACT = {"milp": milp.solve, "cpsat": cpsat.solve}

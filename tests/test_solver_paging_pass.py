@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_solver_lns import sequences_with_recomputation
 
-from memplan import remat
-from memplan.graph import Graph, Node, Prefetch
-from memplan.simulate import simulate
+from memplan.core import remat
+from memplan.core.graph import Graph, Node, Prefetch
+from memplan.core.simulate import simulate
 from memplan.solvers.paging_pass import page_recomputations
 
 LATER = 10**9  # a deadline that never passes

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import chain_graph, training_graphs
 
-from memplan.errors import InvalidSchedule
-from memplan.graph import Graph
-from memplan.simulate import simulate
+from memplan.core.errors import InvalidSchedule
+from memplan.core.graph import Graph
+from memplan.core.simulate import simulate
 from memplan.solvers import SolverOptions, get_solver
 from memplan.solvers.releases import ReleaseModel
 from memplan.solvers.training import saved_storages, simulate_decisions

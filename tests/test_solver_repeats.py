@@ -7,7 +7,7 @@ import pytest
 from strategies import chain_graph
 from test_solver_chain import mirrored_chain
 
-from memplan.simulate import simulate
+from memplan.core.simulate import simulate
 from memplan.solvers import SolverOptions, get_solver, greedy
 from memplan.solvers.repeats import alike, classes
 from memplan.solvers.training import saved_storages

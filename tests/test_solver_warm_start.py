@@ -13,10 +13,10 @@ import pytest
 pytest.importorskip("pulp")
 pytest.importorskip("ortools")
 
-from memplan import remat
-from memplan.graph import Graph, Node, SolveResult
-from memplan.node_link import load_node_link
-from memplan.simulate import simulate
+from memplan.core import remat
+from memplan.core.graph import Graph, Node, SolveResult
+from memplan.core.node_link import load_node_link
+from memplan.core.simulate import simulate
 from memplan.solvers import (
     SolverOptions,
     cpsat,

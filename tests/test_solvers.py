@@ -11,11 +11,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import chain_graph, training_graphs
 
-from memplan.errors import InfeasibleBudget, InvalidSchedule, UnknownSolver, UnsupportedProblem
-from memplan.graph import Compute, Decision, Free, Graph, Node, NodeKind, Offload, Prefetch, Wait
+from memplan.core.errors import InfeasibleBudget, InvalidSchedule, UnknownSolver, UnsupportedProblem
+from memplan.core.graph import (
+    Compute,
+    Decision,
+    Free,
+    Graph,
+    Node,
+    NodeKind,
+    Offload,
+    Prefetch,
+    Wait,
+)
+from memplan.core.simulate import simulate
 from memplan.planner import solve as solve_module
 from memplan.planner.solve import solve_within_budget
-from memplan.simulate import simulate
 from memplan.solvers import REGISTRY, SolverOptions, available, director_training, get_solver
 from memplan.solvers import greedy as greedy_module
 from memplan.solvers.baselines import as_written, chen_sqrt, keep_all

@@ -1,4 +1,5 @@
-"""The predicted peak of a step Dynamo compiles as several graphs (memplan.step.step_peaks)."""
+"""The predicted peak of a step Dynamo compiles as several graphs (compile/step.py's
+step_peaks)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import dataclasses
 
 from test_plan_file import hand_made_plan
 
+from memplan.compile.step import StepKey, later_parameters, step_peaks
 from memplan.planner.plan_file import Plan
-from memplan.step import StepKey, later_parameters, step_peaks
 
 MiB = 2**20
 

@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 
-from memplan.budget import Budget
-from memplan.errors import MemplanWarning
+from memplan.core.budget import Budget
+from memplan.core.errors import MemplanWarning
 from memplan.planner import transfer_cost
 from memplan.planner.capture import compile_training_step
 from memplan.planner.options import PlanOptions
-from memplan.planner.plan import Partitioner
+from memplan.planner.partitioner import Partitioner
 from memplan.planner.profile_cache import ProfileCache
 from memplan.planner.transfer_cost import ESTIMATED_SECONDS, transfer_seconds
 from memplan.tools.zoo import ZOO

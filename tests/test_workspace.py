@@ -11,11 +11,11 @@ import torch
 from torch import nn
 
 import memplan
-from memplan.budget import Budget
-from memplan.planner import plan as plan_module
+from memplan.core.budget import Budget
+from memplan.planner import prepared as plan_module
 from memplan.planner.capture import compile_training_step
 from memplan.planner.options import PlanOptions
-from memplan.planner.plan import Partitioner
+from memplan.planner.partitioner import Partitioner
 from memplan.planner.profile import Profile
 from memplan.tools.verify import compare_grads, steady_step_peak, training_step
 

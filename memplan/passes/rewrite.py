@@ -28,8 +28,18 @@ from torch._ops import OpOverload
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.symbolic_shapes import find_symbol_binding_fx_nodes, free_symbols
 
-from memplan.errors import InvalidSchedule
-from memplan.graph import Compute, Free, Graph, NodeKind, Offload, Prefetch, Schedule, Step, Wait
+from memplan.core.errors import InvalidSchedule
+from memplan.core.graph import (
+    Compute,
+    Free,
+    Graph,
+    NodeKind,
+    Offload,
+    Prefetch,
+    Schedule,
+    Step,
+    Wait,
+)
 from memplan.passes.offload import OFFLOAD, PREFETCH, RELEASE, WAIT
 from memplan.passes.recompute import SUBSTITUTES, is_input_mutation, substitute
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch._C._profiler import _EventType
 
-from memplan.errors import AllocatorUnreadable
+from memplan.core.errors import AllocatorUnreadable
 
 # How many of the calls around an allocation it keeps, innermost first: the op that
 # allocated it, the ops that called it, and the region around them (a compiled graph).

@@ -24,7 +24,7 @@ from torch._functorch.aot_autograd import (
 from torch._guards import TracingContext
 from torch.overrides import TorchFunctionMode
 
-from memplan.errors import UnsupportedModel, first_line
+from memplan.core.errors import UnsupportedModel, first_line
 
 # AOTAutograd's partition hook: (joint_module, joint_inputs, *, num_fwd_outputs, ...) -> (fw, bw)
 PartitionFn = Callable[..., tuple[torch.fx.GraphModule, torch.fx.GraphModule]]
@@ -82,7 +82,14 @@ def _exported(
 ) -> Iterator[Any]:
     with contextlib.ExitStack() as stack:
         try:
-            with fx_traceback.preserve_node_meta(), _CheckpointRegions():
+            # A trace for a compile, as torch.compile's: where a library takes another path
+            # under torch.compiler.is_compiling() (transformers' mixture of experts, whose
+            # grouped matrix product traces only in bfloat16), it takes it here too.
+            with (
+                fx_traceback.preserve_node_meta(),
+                _CheckpointRegions(),
+                torch.compiler._compile_session_context(),
+            ):
                 # The step's writes into its inputs (BatchNorm's running statistics) stay
                 # in the graph, as memplan's torch.compile backend has them (backends.py),
                 # so that both plan one graph.

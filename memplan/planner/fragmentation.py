@@ -22,10 +22,10 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from memplan.errors import InvalidSchedule
-from memplan.graph import Decision, Graph, SolveResult
+from memplan.core.errors import InvalidSchedule
+from memplan.core.graph import Decision, Graph, SolveResult
+from memplan.core.simulate import Allocation, MemoryTrace, simulate
 from memplan.planner.layout import EXACT_TIME_LIMIT, Layout, lay_out
-from memplan.simulate import Allocation, MemoryTrace, simulate
 from memplan.solvers import SolverOptions
 from memplan.solvers.greedy import hiding_windows, release_options
 from memplan.solvers.training import build_schedule, decider, saved_storages

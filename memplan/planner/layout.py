@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memplan.errors import MemplanError, MissingDependency
-from memplan.simulate import Allocation
+from memplan.core.errors import MemplanError, MissingDependency
+from memplan.core.simulate import Allocation
 
 METHODS = ("size", "start", "exact", "best")
 HEURISTICS = ("size", "start")

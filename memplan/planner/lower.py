@@ -17,8 +17,8 @@ import torch.utils._pytree as pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.checkpoint import CheckpointPolicy
 
-from memplan.errors import UnsupportedModel
-from memplan.graph import Graph, Node, NodeKind
+from memplan.core.errors import UnsupportedModel
+from memplan.core.graph import Graph, Node, NodeKind
 from memplan.passes.recompute import can_recompute, is_input_mutation
 from memplan.passes.rewrite import Lowered
 from memplan.planner.capture import CHECKPOINT_REGION

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from memplan.errors import MemplanError, ModelFileError, first_line, one_line
+from memplan.core.errors import MemplanError, ModelFileError, first_line, one_line
 
 # torch.save files; loading one unpickles, which can run any code the file's author chose.
 PICKLE_SUFFIXES = frozenset({".pt", ".pth", ".pkl", ".pickle"})

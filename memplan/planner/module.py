@@ -13,11 +13,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from memplan.budget import Budget
-from memplan.errors import MemplanError
+from memplan.core.budget import Budget
+from memplan.core.errors import MemplanError
 from memplan.planner.capture import Compiled, compile_training_step
 from memplan.planner.options import PlanOptions
-from memplan.planner.plan import Partitioner
+from memplan.planner.partitioner import Partitioner
 from memplan.planner.plan_file import Plan
 
 

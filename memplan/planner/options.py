@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memplan.devices import DeviceSpec
-from memplan.errors import MemplanError
+from memplan.core.devices import DeviceSpec
+from memplan.core.errors import MemplanError
 from memplan.planner.layout import METHODS
 from memplan.solvers import SolverOptions, check_known
 
@@ -34,7 +34,7 @@ class PlanOptions:
     bandwidth: float | None = None  # host link bytes/s; None: DEFAULT_BANDWIDTH
     offload_threshold: int = DEFAULT_OFFLOAD_THRESHOLD
     measure: bool = True  # profile by running each node; False: roofline estimate
-    # The device the roofline estimates for (memplan/devices.py); None: the device the
+    # The device the roofline estimates for (memplan/core/devices.py); None: the device the
     # step is traced on. A plan for a GPU one does not have traces on fake tensors here.
     device_spec: DeviceSpec | None = None
     convolution_copies: str = "choose"  # one of CONVOLUTION_COPIES

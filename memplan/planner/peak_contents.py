@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from memplan.errors import MemplanWarning
+from memplan.core.errors import MemplanWarning
 from memplan.planner.allocator import Allocated, Recording, recording
 
 # Frames inside torch name no user code (the separator: not torchvision's files).

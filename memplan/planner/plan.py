@@ -1,28 +1,23 @@
-"""The pipeline on one joint graph: lower, profile, solve within the budget, lay out, check
-and rewrite.
+"""The pipeline on one profiled graph: solve within the budget, lay out and check.
 
-`plan_graph` turns a profiled Graph and a Budget into a Plan and its Schedule;
-`Partitioner` is the partition function memplan hands to AOTAutograd, so the Python
-API, the .pt2 path and the torch.compile backend all plan through it.
+`plan_graph` turns a profiled Graph and a Budget into a Plan and its Schedule, for every
+entry point (planner/prepared.py prepares a joint graph for it, planner/partitioner.py
+hands the result to AOTAutograd). `Resident` is what the rest of the step holds while a
+graph runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch.fx as fx
-
-from memplan.budget import Budget
-from memplan.errors import InfeasibleBudget, MemplanWarning, PlanFileError
-from memplan.graph import Decision, Graph, Schedule, SolveResult
-from memplan.passes.contiguous import contiguous_convolution_inputs
-from memplan.passes.rewrite import Lowered, rewrite
-from memplan.planner.capture import module_copy
+from memplan.core.budget import Budget
+from memplan.core.errors import InfeasibleBudget, MemplanWarning, PlanFileError
+from memplan.core.graph import Decision, Graph, Schedule, SolveResult
+from memplan.core.simulate import MemoryTrace, simulate
+from memplan.core.units import format_bytes
 from memplan.planner.fragmentation import MOVES, ArenaFit, fit_arena
-from memplan.planner.fusion import fused_seconds
 from memplan.planner.layout import (
     ALLOCATOR_ALIGNMENT,
     EXACT_TIME_LIMIT,
@@ -30,22 +25,12 @@ from memplan.planner.layout import (
     check_layout,
     lay_out,
 )
-from memplan.planner.lower import drop_checked_asserts, lower, write_inputs_early
 from memplan.planner.options import PlanOptions
-from memplan.planner.plan_cache import cached_plan, plan_key, store_plan
 from memplan.planner.plan_file import Plan
-from memplan.planner.profile import ProfileCache, profile_graph
-from memplan.planner.shapes import ShapeSignature, at
 from memplan.planner.solve import Solved, ran_out, solve_within_budget
-from memplan.planner.transfer_cost import transfer_seconds
-from memplan.simulate import MemoryTrace, simulate
 from memplan.solvers import SolverOptions, get_solver
 from memplan.solvers.baselines import as_written
 from memplan.solvers.training import build_schedule
-from memplan.units import format_bytes
-
-# Where a convolution's input of another layout is copied to the one its kernel wants.
-KERNEL_COPIES, GRAPH_COPIES = "kernel", "graph"  # the ways of PlanOptions.convolution_copies
 
 
 @dataclass(frozen=True)
@@ -53,7 +38,7 @@ class Resident:
     """What earlier graphs of the step (before a graph break) hold while a graph runs: the
     bytes their forwards keep for their backwards, as planned and as unplanned, and the
     step's unplanned peak so far; and what later graphs do (`later`: the parameters only
-    they take, and their gradients, memplan.step.later_parameters). A graph's budget is the
+    they take, and their gradients, memplan.compile.step.later_parameters). A graph's budget is the
     step's, less what they hold."""
 
     held: int = 0
@@ -132,14 +117,14 @@ def plan_graph(
     simulate(graph, result.schedule, bandwidth=solver_options.bandwidth, budget=solved.budget)
     check_layout(trace.allocations, layout)
     plan = _make_plan(graph, solved, layout, unplanned, budget, asked, device, fingerprint, options)
-    kept = _kept_for_backward(graph, trace, result.schedule.split)
+    kept = kept_for_backward(graph, trace, result.schedule.split)
     plan = dataclasses.replace(
         plan,
         held=kept,
-        unplanned_held=_kept_for_backward(graph, unplanned, reference.schedule.split),
+        unplanned_held=kept_for_backward(graph, unplanned, reference.schedule.split),
         resident=resident.held,
         unplanned_step_peak=resident.step_unplanned(unplanned.peak),
-        output_bytes=_forward_outputs(graph),
+        output_bytes=forward_outputs(graph),
     )
     return plan, result.schedule
 
@@ -152,7 +137,7 @@ def unplanned_step(graph: Graph, options: SolverOptions) -> tuple[SolveResult, M
     return reference, simulate(graph, reference.schedule)
 
 
-def _profile_cap(graph: Graph, budget: Budget, resident: Resident, options: SolverOptions) -> int:
+def profile_cap(graph: Graph, budget: Budget, resident: Resident, options: SolverOptions) -> int:
     """The most bytes of values profiling `graph` may hold (planner/pass_values.py): the
     graph's budget, less its parameters and inputs, which the step holds already. It runs
     during the step that compiles the graph, so it is held to the step's budget too."""
@@ -161,13 +146,13 @@ def _profile_cap(graph: Graph, budget: Budget, resident: Resident, options: Solv
     return max(0, resident.budget_of(budget, unplanned.peak) - inputs)
 
 
-def _kept_for_backward(graph: Graph, trace: MemoryTrace, split: int) -> int:
+def kept_for_backward(graph: Graph, trace: MemoryTrace, split: int) -> int:
     """Bytes live at the end of the forward other than its outputs (which a later graph
     counts as its inputs): parameters, inputs and what the backward reads."""
-    return max(0, trace.live[split - 1] - _forward_outputs(graph)) if split else 0
+    return max(0, trace.live[split - 1] - forward_outputs(graph)) if split else 0
 
 
-def _forward_outputs(graph: Graph) -> int:
+def forward_outputs(graph: Graph) -> int:
     """The bytes of the graph's forward outputs."""
     return sum(graph[o].bytes for o in graph.outputs if not graph[o].is_backward)
 
@@ -287,236 +272,6 @@ def _make_plan(
     )
 
 
-class RepeatedPlan(Exception):
-    """Raised by a Partitioner, before it rewrites the graph, where the plan it made is one
-    its caller listed in `Partitioner.compiled`: what compiling it would give is known."""
-
-
-class Partitioner:
-    """memplan's partition function for AOTAutograd: plans each joint graph it is given
-    and returns the rewritten forward and backward. `plans` collects one Plan per graph."""
-
-    def __init__(
-        self,
-        budget: Budget,
-        options: PlanOptions,
-        *,
-        name: str = "model",
-        reuse: Plan | None = None,
-        cache: ProfileCache | None = None,
-        keep_plans: bool = False,
-    ) -> None:
-        self.budget = budget
-        self.options = options
-        self.name = name
-        self.reuse = reuse
-        # Plans kept on disk by graph structure (plan_cache.py), for the next process.
-        self.keep_plans = keep_plans
-        # Profiled times are cached on disk, so that planning the same model twice sees the
-        # same times and makes the same decisions.
-        self.cache = cache if cache is not None else ProfileCache()
-        # The sizes (symbol -> value) a graph of dynamic shapes is planned at: its hints.
-        self.sizes: ShapeSignature = ()
-        # What earlier graphs of the step hold while this one runs (graph breaks), and
-        # what the step holds outside its graphs (tools/fit.py: optimizer state).
-        self.resident = Resident()
-        # Of `resident.held`, the bytes a later graph of the step needs only between this
-        # graph's forward and its backward (held_watch.make_room): a plan holds the budget
-        # where its peak is within the budget with them given back, and what it keeps for
-        # its backward within it with them taken (rounds.kept_round).
-        self.room = 0
-        # A last look at each graph, its times set, before it is solved: tools/fit.py
-        # divides it per FSDP rank there, and stops where no plan can fit.
-        self.before_solving: Callable[[Graph], Graph] | None = None
-        # Plans the caller has compiled already, by the way their convolutions' copies are
-        # made and their schedule: one made again raises RepeatedPlan instead of being
-        # rewritten (the torch.compile backend's rounds, backends.py).
-        self.compiled: list[tuple[str, Schedule]] = []
-        # Carry out the step as the model is written instead of solving (a round of the
-        # backend's for a model with its own checkpointing, backends.py); never cached.
-        self.as_written = False
-        self.plans: list[Plan] = []
-        self.lowered: list[Lowered] = []
-        self.schedules: list[Schedule] = []
-
-    def __call__(
-        self, joint: fx.GraphModule, joint_inputs: object, *, num_fwd_outputs: int, **_: object
-    ) -> tuple[fx.GraphModule, fx.GraphModule]:
-        drop_checked_asserts(joint)
-        joint.graph.eliminate_dead_code()
-        write_inputs_early(joint)
-        name = self.name if not self.plans else f"{self.name}.{len(self.plans)}"
-        # A graph whose convolutions get inputs of another layout can be planned with the
-        # copies inside the kernels, in the graph (passes/contiguous.py), or both ways.
-        copies = self.options.convolution_copies
-        variants = {} if copies == "graph" else {KERNEL_COPIES: joint}
-        if copies != "kernel":
-            copied = module_copy(joint)
-            if contiguous_convolution_inputs(copied):
-                variants[GRAPH_COPIES] = copied
-        variants = variants or {KERNEL_COPIES: joint}  # "graph", but nothing to copy
-        offload_threshold = self.options.offload_threshold
-        lowered = {
-            way: (v, lower(v, num_fwd_outputs, name=name, offload_threshold=offload_threshold))
-            for way, v in variants.items()
-        }
-        if self.reuse is not None:
-            fingerprint = self.reuse.fingerprint
-            matching = {w: p for w, p in lowered.items() if p[1].fingerprint == fingerprint}
-            if not matching:
-                ours = next(iter(lowered.values()))[1].fingerprint
-                raise PlanFileError(
-                    f"plan {self.reuse.name!r} was made for another graph "
-                    f"(fingerprint {fingerprint}, this model {ours})"
-                )
-            lowered = matching
-        # Planned both ways, a share is of the unplanned step of the graph as traced (copies
-        # in the kernels), and both ways are held to the same bytes.
-        # Warnings (a best-effort budget, a node that cannot run) are said only for the
-        # variant kept: the other's are about a graph that does not run.
-        planned: dict[str, tuple[Lowered, Plan, Schedule] | InfeasibleBudget] = {}
-        said: dict[str, list[warnings.WarningMessage]] = {}
-        budget, resident = self.budget, self.resident
-        for way, (variant, low) in lowered.items():
-            with warnings.catch_warnings(record=True) as said[way]:
-                warnings.simplefilter("always")
-                planned[way] = found = self._plan(variant, low, budget, resident)
-            asked = found.budget if isinstance(found, InfeasibleBudget) else found[1].asked
-            # The next way is held to these bytes, which are net of what is resident.
-            budget = Budget(bytes=asked)
-            resident = dataclasses.replace(resident, held=0)
-        way, (chosen, plan, schedule) = _faster(planned)
-        if (way, schedule) in self.compiled:
-            raise RepeatedPlan(f"{name}: the plan made is one compiled already")
-        for warning in said[way]:
-            say_again(warning)
-        # The plan records the way it was made, so that applying it again makes it that way.
-        plan = dataclasses.replace(
-            plan,
-            options={**plan.options, "convolution_copies": way},
-            requested_as=str(self.budget),
-            sizes=dict(self.sizes),
-        )
-        stamp = {
-            "solver": plan.solver,
-            "budget": plan.budget,
-            "predicted_peak": plan.predicted_peak,
-            "solve_seconds": plan.solve_seconds,
-        }
-        forward, backward = rewrite(chosen, schedule, stamp=stamp)
-        self.plans.append(plan)
-        self.lowered.append(chosen)
-        self.schedules.append(schedule)
-        return forward, backward
-
-    def forget_from(self, first: int) -> None:
-        """Drop the plans made from index `first` on."""
-        for made in (self.plans, self.lowered, self.schedules):
-            del made[first:]
-
-    def keep_only(self, first: int, chosen: int, plan: Plan) -> None:
-        """Of the plans made from index `first` on (rounds of planning one graph again),
-        keep only round `chosen`'s, its Plan replaced by `plan`."""
-        for made in (self.plans, self.lowered, self.schedules):
-            kept = made[first + chosen]
-            del made[first:]
-            made.append(kept)  # type: ignore[arg-type]
-        self.plans[first] = plan
-
-    def at_sizes(self, sizes: ShapeSignature) -> Plan:
-        """The plan last made, of a graph of dynamic shapes, as it runs at other sizes, its
-        schedule kept: its peaks, timeline, bytes kept for the backward and forward outputs
-        evaluated at `sizes`, and its unplanned peak there. Times and transients are the
-        profile's at the hints, a transient scaled with its node's bytes. A plan Inductor
-        compiled keeps its measured difference from the unfused graphs (Plan.compiled_peak)
-        in proportion to the peak."""
-        plan, lowered, schedule = self.plans[-1], self.lowered[-1], self.schedules[-1]
-        traced = lowered.graph
-        # Offload threshold 0: a schedule's offloads stay legal at smaller sizes.
-        resized = lower(
-            lowered.joint, lowered.num_fwd_outputs, offload_threshold=0, size=at(sizes)
-        ).graph
-        scaled = [
-            n.workspace * r.bytes // n.bytes if n.bytes else n.workspace
-            for n, r in zip(traced, resized, strict=True)
-        ]
-        graph = resized.replace_times([n.time for n in traced], scaled)
-        options = self.options.solver_options(lowered.device.type)
-        trace = simulate(graph, schedule, bandwidth=options.bandwidth)
-        reference, unplanned = unplanned_step(graph, options)
-
-        def as_compiled(peak: int) -> int:
-            return peak * plan.peak // max(1, plan.predicted_peak) if plan.compiled_peak else 0
-
-        return dataclasses.replace(
-            plan,
-            predicted_peak=trace.peak,
-            compiled_peak=as_compiled(trace.peak),
-            compiled_backward_peak=as_compiled(max(trace.live[schedule.split :], default=0)),
-            unplanned_peak=unplanned.peak,
-            timeline=list(trace.live),
-            held=_kept_for_backward(graph, trace, schedule.split),
-            unplanned_held=_kept_for_backward(graph, unplanned, reference.schedule.split),
-            output_bytes=_forward_outputs(graph),
-            sizes=dict(sizes),
-        )
-
-    def _plan(
-        self, joint: fx.GraphModule, lowered: Lowered, budget: Budget, resident: Resident
-    ) -> tuple[Lowered, Plan, Schedule] | InfeasibleBudget:
-        """Profile and plan one lowered joint graph for `budget`; the InfeasibleBudget
-        where nothing fits."""
-        device = lowered.device
-        solver_options = self.options.solver_options(device.type)
-        profile = profile_graph(
-            joint,
-            device=device,
-            measure=self.options.measure,
-            spec=self.options.device_spec,
-            cache=self.cache,
-            progress=self.options.progress,
-            cap=_profile_cap(lowered.graph, budget, resident, solver_options),
-        )
-        seconds = [profile.seconds.get(n.name, 0.0) for n in lowered.fx_nodes]
-        if self.options.fused_pointwise:
-            seconds = fused_seconds(lowered.fx_nodes, seconds)
-        graph = lowered.graph.replace_times(
-            seconds, [profile.workspace.get(n.name, 0) for n in lowered.fx_nodes]
-        )
-        if solver_options.bandwidth:
-            graph = dataclasses.replace(
-                graph,
-                transfer_seconds=transfer_seconds(
-                    device, measure=self.options.measure, cache=self.cache
-                ),
-            )
-        if self.before_solving is not None:
-            graph = self.before_solving(graph)
-        lowered = dataclasses.replace(lowered, graph=graph)
-        reuse, key = self.reuse, ""
-        if self.keep_plans and reuse is None and not self.as_written:
-            key = plan_key(lowered.fingerprint, graph, budget, resident.held, self.options, device)
-            reuse = cached_plan(key)
-        try:
-            plan, schedule = plan_graph(
-                graph,
-                budget,
-                self.options,
-                device=str(device),
-                fingerprint=lowered.fingerprint,
-                reuse=reuse,
-                written=self.as_written,
-                resident=resident,
-            )
-        except InfeasibleBudget as infeasible:
-            return infeasible
-        # A plan whose solve ran to its time limit depends on how busy the machine was:
-        # kept, it would stand for every later compile, however idle.
-        if key and reuse is None and not plan.cut_short:
-            store_plan(key, plan)
-        return lowered, plan, schedule
-
-
 def say_again(warning: warnings.WarningMessage) -> None:
     """A warning held back while a way was planned, said now. memplan's own are said to
     the caller; any other (a library's DeprecationWarning, say) at the place that said it,
@@ -527,18 +282,3 @@ def say_again(warning: warnings.WarningMessage) -> None:
     else:
         where = (warning.filename, warning.lineno)
         warnings.warn_explicit(warning.message, warning.category, *where, source=warning.source)
-
-
-def _faster(
-    planned: dict[str, tuple[Lowered, Plan, Schedule] | InfeasibleBudget],
-) -> tuple[str, tuple[Lowered, Plan, Schedule]]:
-    """Of the plans of a graph's variants, by name: the fastest predicted among those that
-    hold the budget asked for, else (all best effort) the least peak. Raises the least
-    InfeasibleBudget where none planned."""
-    plans = {w: p for w, p in planned.items() if not isinstance(p, InfeasibleBudget)}
-    if not plans:
-        raise min(planned.values(), key=lambda e: e.smallest_feasible)  # type: ignore[union-attr]
-    held = {w: p for w, p in plans.items() if p[1].status != "best-effort"}
-    if held:
-        return min(held.items(), key=lambda item: item[1][1].predicted_time)
-    return min(plans.items(), key=lambda item: item[1][1].predicted_peak)

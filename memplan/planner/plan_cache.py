@@ -20,10 +20,10 @@ import json
 
 import torch
 
-from memplan import config
-from memplan.budget import Budget
-from memplan.errors import PlanFileError
-from memplan.graph import Graph
+from memplan.core import config
+from memplan.core.budget import Budget
+from memplan.core.errors import PlanFileError
+from memplan.core.graph import Graph
 from memplan.planner.options import PlanOptions
 from memplan.planner.plan_file import Plan
 from memplan.planner.profile_cache import device_name
@@ -36,8 +36,9 @@ from memplan.planner.profile_cache import device_name
 # budget, what its descents released needlessly; v6: a transfer's host calls are priced,
 # Graph.transfer_seconds, and are in the key; v7: greedy recomputes, where the budget has
 # room, what costs nothing to recompute; v8: greedy also descends from the director's least
-# state where its own descents miss the budget).
-PLAN_DIR = "plans-v8"
+# state where its own descents miss the budget; v9: the torch.compile path keeps the plan its
+# rounds chose, with its peaks as Inductor compiles it, keyed by all the step holds).
+PLAN_DIR = "plans-v9"
 # Options that change how a plan is shown, not what it is.
 _NOT_IN_KEY = ("progress",)
 
@@ -49,8 +50,11 @@ def plan_key(
     held: int,
     options: PlanOptions,
     device: torch.device,
+    extra: object = None,
 ) -> str:
-    """What a plan was made for, as a hex digest: `graph` is the one the solver is given."""
+    """What a plan was made for, as a hex digest: `graph` is the one the solver is given;
+    `extra` is whatever else shaped it (the Inductor settings the torch.compile path
+    compiled it under)."""
     shaping = {k: v for k, v in dataclasses.asdict(options).items() if k not in _NOT_IN_KEY}
     costs = [(n.time, n.workspace) for n in graph.nodes]
     text = json.dumps(
@@ -63,6 +67,7 @@ def plan_key(
             shaping,
             device.type,
             device_name(device),
+            extra,
         ],
         sort_keys=True,
         default=str,

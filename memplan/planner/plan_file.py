@@ -1,7 +1,7 @@
 """The Plan: what a user reads before launching a job, and its JSON file.
 
 Predicted peak and time, the decision per tensor, the timelines and the arena layout.
-`Plan.save` writes it atomically; `Plan.load` checks every field through memplan.checks,
+`Plan.save` writes it atomically; `Plan.load` checks every field through memplan.core.checks,
 so that a damaged or hand-edited file is one PlanFileError naming the field. No torch
 here: `memplan show` reads plans without loading it.
 """
@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memplan import checks
-from memplan.errors import PlanFileError
-from memplan.files import write_atomically
-from memplan.graph import Decision
+from memplan.core import checks
+from memplan.core.errors import PlanFileError
+from memplan.core.files import write_atomically
+from memplan.core.graph import Decision
 
 PLAN_FORMAT = 1
 
@@ -70,7 +70,7 @@ class Plan:
     unplanned_step_peak: int = 0
     # The bytes of the graph's forward outputs, which its peaks count to the end of its
     # backward: in a step of several graphs, the next graph's inputs, freed by then unless
-    # the caller holds them (memplan.step.step_peaks). 0 in plans written before.
+    # the caller holds them (memplan.compile.step.step_peaks). 0 in plans written before.
     output_bytes: int = 0
     # Graphs compiled by Inductor: the predicted peak of what Inductor runs, the simulated
     # peak corrected by its kernels' measured difference (planner/compiled_peak.py); 0
@@ -98,7 +98,7 @@ class Plan:
     def step_peak(self) -> int:
         """The step's predicted peak while this graph runs, as far as the plan knows: its own
         and what the graphs before it hold. The parameters of later graphs, and their
-        gradients, are the step's to count (memplan.step.step_peaks)."""
+        gradients, are the step's to count (memplan.compile.step.step_peaks)."""
         return self.peak + self.resident
 
     @property

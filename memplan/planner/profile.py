@@ -29,9 +29,9 @@ from torch import fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils._pytree import tree_leaves, tree_map
 
-from memplan.config import shows_progress
-from memplan.devices import DeviceSpec
-from memplan.errors import MemplanWarning, UnsupportedModel
+from memplan.core.config import shows_progress
+from memplan.core.devices import DeviceSpec
+from memplan.core.errors import MemplanWarning, UnsupportedModel
 from memplan.planner import allocator
 from memplan.planner.pass_values import PassValues
 from memplan.planner.profile_cache import Cost, ProfileCache, node_key

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import torch
 from torch import fx
 
-from memplan import checks, config
+from memplan.core import checks, config
 from memplan.planner.shapes import concrete, hint
 
 # v2 entries are [seconds, transient bytes]; v1 files (seconds only) are left alone.

@@ -16,15 +16,15 @@ from torch import fx
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from memplan import devices
-from memplan.devices import DeviceSpec
+from memplan.core import devices
+from memplan.core.devices import DeviceSpec
 from memplan.planner.profile_cache import device_name
 from memplan.planner.shapes import concrete, hint
 from memplan.planner.views import is_view
 
 
 def device_spec(device: torch.device) -> DeviceSpec:
-    """The roofline of `device`: a GPU's from its name (memplan/devices.py), an unknown
+    """The roofline of `device`: a GPU's from its name (memplan/core/devices.py), an unknown
     GPU a slow one's."""
     if device.type != "cuda":
         return devices.CPU

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import sympy
 import torch
 
-from memplan.errors import UnsupportedModel
+from memplan.core.errors import UnsupportedModel
 
 
 def concrete(value: object) -> object:

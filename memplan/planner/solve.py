@@ -18,13 +18,13 @@ import math
 import warnings
 from dataclasses import dataclass
 
-from memplan.errors import InfeasibleBudget, InfeasibleBudgetWarning, MemplanError
-from memplan.graph import Graph, SolveResult
-from memplan.simulate import MemoryTrace, simulate
+from memplan.core.errors import InfeasibleBudget, InfeasibleBudgetWarning, MemplanError
+from memplan.core.graph import Graph, SolveResult
+from memplan.core.simulate import MemoryTrace, simulate
+from memplan.core.units import format_bytes
 from memplan.solvers import SolverOptions, get_solver
 from memplan.solvers.bounds import peak_lower_bound
 from memplan.solvers.warm_start import STARTING_SCHEDULE
-from memplan.units import format_bytes
 
 # Solvers that prove optimality; anything less than "optimal" from them is their best
 # schedule at the time limit (or the director's, see solvers/warm_start.py).

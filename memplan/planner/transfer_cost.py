@@ -26,7 +26,7 @@ import warnings
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from memplan.errors import MemplanWarning
+from memplan.core.errors import MemplanWarning
 from memplan.passes.offload import OFFLOAD, PREFETCH, RELEASE, WAIT
 from memplan.planner.profile_cache import Cost, ProfileCache, device_name
 

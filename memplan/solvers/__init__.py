@@ -12,8 +12,8 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from memplan.errors import UnknownSolver, UnsupportedProblem
-from memplan.graph import Graph, SolveResult
+from memplan.core.errors import UnknownSolver, UnsupportedProblem
+from memplan.core.graph import Graph, SolveResult
 
 PROBLEMS = ("training", "general")
 
@@ -28,7 +28,7 @@ class SolverOptions:
     # "training": a joint graph from the pipeline; the forward runs once and each saved
     # tensor is kept, recomputed before its backward use or offloaded (solvers/training.py).
     # "general": the literature's problem on any DAG: a node may be recomputed at any
-    # point; the schedule is remat.to_schedule(sequence) (memplan/remat.py).
+    # point; the schedule is remat.to_schedule(sequence) (memplan/core/remat.py).
     problem: str = "training"
 
     def __post_init__(self) -> None:

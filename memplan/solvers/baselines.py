@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 import time
 
-from memplan import remat
-from memplan.graph import Decision, Graph, SolveResult
+from memplan.core import remat
+from memplan.core.graph import Decision, Graph, SolveResult
 from memplan.solvers import SolverOptions, require_problem
 from memplan.solvers.result import judged, within
 from memplan.solvers.training import simulate_decisions

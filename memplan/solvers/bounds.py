@@ -1,4 +1,4 @@
-"""A lower bound on the peak of every schedule of the general problem (memplan/remat.py).
+"""A lower bound on the peak of every schedule of the general problem (memplan/core/remat.py).
 
 The bound holds for every sequence the literature's rules accept, recomputation included,
 so a budget below it is proved infeasible, whatever a solver finds. It rests on
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from memplan.graph import Graph
+from memplan.core.graph import Graph
 
 # Steps back from each node's computation. Each step branches on every copy of the set,
 # so the work grows as (inputs per node) ** DEPTH; 2 takes well under a second on the

@@ -13,9 +13,9 @@ from functools import cached_property
 
 import numpy as np
 
-from memplan import remat
-from memplan.graph import Compute, Graph
-from memplan.simulate import simulate
+from memplan.core import remat
+from memplan.core.graph import Compute, Graph
+from memplan.core.simulate import simulate
 from memplan.solvers.training import build_schedule
 
 # --- the chain ---------------------------------------------------------------------------

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memplan import remat
-from memplan.graph import Decision, Graph, Schedule, SolveResult
-from memplan.simulate import simulate
+from memplan.core import remat
+from memplan.core.graph import Decision, Graph, Schedule, SolveResult
+from memplan.core.simulate import simulate
 from memplan.solvers import SolverOptions
 from memplan.solvers.baselines import sqrt_decisions
 from memplan.solvers.chain import Chain, Selection, build_chain, forward_nodes

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from memplan.graph import Graph, SolveResult
+from memplan.core.graph import Graph, SolveResult
 from memplan.solvers import SolverOptions, cpsat_paging, cpsat_remat, releases
 from memplan.solvers.cpsat_model import NAME, TIME_UNITS, cp_model_module, make_solver
 from memplan.solvers.releases import Effect, Pick, ReleaseModel

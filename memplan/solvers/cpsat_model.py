@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from memplan import remat
-from memplan.errors import MissingDependency, UnsupportedModel
-from memplan.graph import Graph, Schedule, SolveResult
+from memplan.core import remat
+from memplan.core.errors import MissingDependency, UnsupportedModel
+from memplan.core.graph import Graph, Schedule, SolveResult
 from memplan.solvers import SolverOptions, ordering
 
 if TYPE_CHECKING:

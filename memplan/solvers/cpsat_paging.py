@@ -23,8 +23,18 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from memplan.graph import Compute, Free, Graph, Offload, Prefetch, Schedule, SolveResult, Step, Wait
-from memplan.simulate import MemoryTrace, simulate
+from memplan.core.graph import (
+    Compute,
+    Free,
+    Graph,
+    Offload,
+    Prefetch,
+    Schedule,
+    SolveResult,
+    Step,
+    Wait,
+)
+from memplan.core.simulate import MemoryTrace, simulate
 from memplan.solvers import SolverOptions, cpsat_remat
 from memplan.solvers.cpsat_model import (
     Scale,

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from memplan import remat
-from memplan.graph import Graph, Schedule, SolveResult
-from memplan.simulate import simulate
+from memplan.core import remat
+from memplan.core.graph import Graph, Schedule, SolveResult
+from memplan.core.simulate import simulate
 from memplan.solvers import SolverOptions, lns, warm_start
 from memplan.solvers.cpsat_model import (
     Scale,

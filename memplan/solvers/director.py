@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from memplan.graph import Graph, SolveResult
+from memplan.core.graph import Graph, SolveResult
 from memplan.solvers import SolverOptions, director_general, director_training
 
 

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memplan import remat
-from memplan.errors import GraphError
-from memplan.graph import Graph, SolveResult
-from memplan.simulate import simulate
+from memplan.core import remat
+from memplan.core.errors import GraphError
+from memplan.core.graph import Graph, SolveResult
+from memplan.core.simulate import simulate
 from memplan.solvers import SolverOptions, ordering
 from memplan.solvers.result import judged, peak_message
 

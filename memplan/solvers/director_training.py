@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memplan.errors import InvalidSchedule
-from memplan.graph import Decision, Graph, NodeKind, SolveResult
-from memplan.simulate import MemoryTrace
+from memplan.core.errors import InvalidSchedule
+from memplan.core.graph import Decision, Graph, NodeKind, SolveResult
+from memplan.core.simulate import MemoryTrace
 from memplan.solvers import SolverOptions
 from memplan.solvers.baselines import sqrt_decisions
 from memplan.solvers.result import judged, peak_message

@@ -26,8 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from memplan.errors import InvalidSchedule
-from memplan.graph import Decision, Graph, SolveResult
+from memplan.core.errors import InvalidSchedule
+from memplan.core.graph import Decision, Graph, SolveResult
 from memplan.solvers import SolverOptions, director_training, require_problem
 from memplan.solvers.baselines import sqrt_decisions
 from memplan.solvers.repeats import classes

@@ -21,7 +21,7 @@ own memory does not depend on the window. Nodes the prefix and suffix never comp
 computed in the window. The objective is the window's compute time.
 
 A copy held in the model from its computation through its last read covers what the
-literature's rules hold (memplan/remat.py), so a window solution scored by remat.score
+literature's rules hold (memplan/core/remat.py), so a window solution scored by remat.score
 peaks no higher than the model says. Every window's sequence is judged again in full by
 the simulator and kept only if it is valid, within the budget and faster: a window can
 never make the schedule worse or invalid.
@@ -39,10 +39,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from memplan import remat
-from memplan.errors import InvalidSchedule
-from memplan.graph import Graph
-from memplan.simulate import simulate
+from memplan.core import remat
+from memplan.core.errors import InvalidSchedule
+from memplan.core.graph import Graph
+from memplan.core.simulate import simulate
 from memplan.solvers.cpsat_model import cp_model_module
 
 if TYPE_CHECKING:

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-from memplan.errors import InvalidSchedule, MissingDependency
-from memplan.graph import Graph, SolveResult
+from memplan.core.errors import InvalidSchedule, MissingDependency
+from memplan.core.graph import Graph, SolveResult
 from memplan.solvers import SolverOptions, releases, warm_start
 from memplan.solvers.milp_extract import (
     NAME,

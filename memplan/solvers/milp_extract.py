@@ -8,10 +8,20 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from memplan import remat
-from memplan.errors import InvalidSchedule
-from memplan.graph import Compute, Free, Graph, Offload, Prefetch, Schedule, SolveResult, Step, Wait
-from memplan.simulate import MemoryTrace, simulate
+from memplan.core import remat
+from memplan.core.errors import InvalidSchedule
+from memplan.core.graph import (
+    Compute,
+    Free,
+    Graph,
+    Offload,
+    Prefetch,
+    Schedule,
+    SolveResult,
+    Step,
+    Wait,
+)
+from memplan.core.simulate import MemoryTrace, simulate
 from memplan.solvers import SolverOptions
 from memplan.solvers.milp_model import Model, Paging, Stages, is_on
 

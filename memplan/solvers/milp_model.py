@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from memplan.errors import MemplanError, UnsupportedModel
-from memplan.graph import Graph
+from memplan.core.errors import MemplanError, UnsupportedModel
+from memplan.core.graph import Graph
 
 # The model has about 2 T^2 binaries plus T^2/2 continuous memory and free variables
 # (times the mean in-degree) for T computed nodes, and PuLP spends roughly a kilobyte

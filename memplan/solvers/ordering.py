@@ -28,7 +28,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from memplan.graph import Graph
+from memplan.core.graph import Graph
 
 # Greedy orders built before annealing; the least-peak one is the start.
 GREEDY_STARTS = 30

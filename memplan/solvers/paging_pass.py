@@ -18,9 +18,19 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from memplan.errors import InvalidSchedule
-from memplan.graph import Compute, Free, Graph, Offload, Prefetch, Schedule, Step, Wait, with_frees
-from memplan.simulate import MemoryTrace, simulate
+from memplan.core.errors import InvalidSchedule
+from memplan.core.graph import (
+    Compute,
+    Free,
+    Graph,
+    Offload,
+    Prefetch,
+    Schedule,
+    Step,
+    Wait,
+    with_frees,
+)
+from memplan.core.simulate import MemoryTrace, simulate
 
 
 @dataclass(eq=False)

@@ -28,9 +28,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from memplan.errors import InvalidSchedule
-from memplan.graph import Decision, Graph, NodeKind, Schedule, SolveResult
-from memplan.simulate import MemoryTrace
+from memplan.core.errors import InvalidSchedule
+from memplan.core.graph import Decision, Graph, NodeKind, Schedule, SolveResult
+from memplan.core.simulate import MemoryTrace
 from memplan.solvers import SolverOptions, director
 from memplan.solvers.result import judged
 from memplan.solvers.training import position_profile, saved_storages, simulate_decisions

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from memplan.graph import Graph
+from memplan.core.graph import Graph
 
 # Steps of neighbourhood two nodes must agree in: enough to tell a layer's tensors apart
 # from each other, few enough that a layer's copies meet before the model's ends differ.

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 
-from memplan.graph import Decision, Schedule, SolveResult
-from memplan.simulate import MemoryTrace
+from memplan.core.graph import Decision, Schedule, SolveResult
+from memplan.core.simulate import MemoryTrace
 from memplan.solvers import SolverOptions
 
 

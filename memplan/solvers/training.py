@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from memplan.errors import InvalidSchedule
-from memplan.graph import (
+from memplan.core.errors import InvalidSchedule
+from memplan.core.graph import (
     Compute,
     Decision,
     Free,
@@ -28,7 +28,7 @@ from memplan.graph import (
     Wait,
     with_frees,
 )
-from memplan.simulate import MemoryTrace, simulate
+from memplan.core.simulate import MemoryTrace, simulate
 
 
 def decider(

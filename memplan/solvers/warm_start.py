@@ -15,9 +15,9 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from memplan import remat
-from memplan.graph import Graph, SolveResult
-from memplan.simulate import simulate
+from memplan.core import remat
+from memplan.core.graph import Graph, SolveResult
+from memplan.core.simulate import simulate
 from memplan.solvers import SolverOptions
 
 # The share of an exact solver's time limit the director may spend on a start, and the

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from memplan.errors import MemplanError
+from memplan.core.errors import MemplanError
 from memplan.planner.capture import compile_training_step
 from memplan.planner.module import CompiledStep
 

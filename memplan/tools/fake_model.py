@@ -21,10 +21,10 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from memplan.errors import MemplanError, first_line
+from memplan.core.errors import MemplanError, first_line
+from memplan.core.training_state import DTYPE_NAMES
 from memplan.tools.maxbatch import builder
 from memplan.tools.zoo import Example, LossOf
-from memplan.training_state import DTYPE_NAMES
 
 # Names a user may give for the weights' and activations' dtype.
 DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.bfloat16, torch.float16), strict=True))

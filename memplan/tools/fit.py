@@ -20,18 +20,19 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from memplan.budget import Budget
-from memplan.errors import InfeasibleBudget, MemplanError
-from memplan.graph import Graph, Schedule
+from memplan.core.budget import Budget
+from memplan.core.errors import InfeasibleBudget, MemplanError
+from memplan.core.graph import Graph, Schedule
+from memplan.core.simulate import MemoryTrace, simulate
+from memplan.core.training_state import Breakdown, TrainingState, breakdown, floor, per_rank
 from memplan.planner.capture import compile_training_step
 from memplan.planner.options import PlanOptions
-from memplan.planner.plan import Partitioner, Resident, unplanned_step
+from memplan.planner.partitioner import Partitioner
+from memplan.planner.plan import Resident, unplanned_step
 from memplan.planner.plan_file import Plan
-from memplan.simulate import MemoryTrace, simulate
 from memplan.solvers import SolverOptions
 from memplan.tools.batch_search import largest
 from memplan.tools.zoo import Example
-from memplan.training_state import Breakdown, TrainingState, breakdown, floor, per_rank
 
 
 @dataclass(frozen=True)

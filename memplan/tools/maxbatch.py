@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from memplan.budget import Budget
-from memplan.errors import InfeasibleBudget, MemplanError
+from memplan.core.budget import Budget
+from memplan.core.errors import InfeasibleBudget, MemplanError
 from memplan.planner.allocator import recording
 from memplan.planner.measure import median_step_seconds, resident_bytes
 from memplan.planner.module import plan_module

@@ -16,13 +16,13 @@ from matplotlib.patches import Patch
 from rich.markup import escape
 from rich.table import Table
 
-from memplan.errors import MemplanError
-from memplan.files import write_atomically
-from memplan.graph import Decision
+from memplan.core.errors import MemplanError
+from memplan.core.files import write_atomically
+from memplan.core.graph import Decision
+from memplan.core.units import format_bytes, format_seconds
 from memplan.planner.layout import ALLOCATOR_ALIGNMENT
 from memplan.planner.plan_file import Plan
 from memplan.tools.batch_search import MaxBatch
-from memplan.units import format_bytes, format_seconds
 
 if TYPE_CHECKING:  # types only: reports need no torch to load
     from memplan.tools.fit import Fit

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from memplan.budget import Budget
-from memplan.errors import MemplanError
+from memplan.core.budget import Budget
+from memplan.core.errors import MemplanError
 from memplan.planner.measure import measure_peak, own_random_numbers
 from memplan.planner.module import plan_module
 from memplan.planner.options import PlanOptions

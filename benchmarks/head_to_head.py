@@ -1,0 +1,316 @@
+"""`python -m benchmarks.head_to_head`: memplan under torch.compile against torch.compile,
+on the zoo and on models beyond it (benchmarks/beyond.py), against the targets a user
+weighs memplan by.
+
+Per model, each run in a process of its own (fresh Inductor and memplan caches, so that a
+compile's time is a first run's):
+- eager, the reference for step times;
+- `torch.compile(model)` at each `activation_memory_budget` of TORCH_POINTS;
+- `torch.compile(model, backend=memplan.backend(budget=...))` at torch.compile's least
+  peak, at LOWER_REQUIRED below it, at the peak of its 0.6 point (the compile time at the
+  same point) and at memplan's own least.
+Each run's first step (the compile included) is timed and read by the allocator; then a
+steady step's peak, and its step time as the median ratio over eager steps timed in
+pairs with it (paired_step_seconds). memplan's prediction is the backend's predicted step
+peak. The targets, per model:
+- every memplan prediction within PREDICTED of the allocator's steady peak;
+- the first step within its budget, + FIRST_STEP;
+- compile time at most COMPILE_AT_POINT x torch.compile's at the same point, and at most
+  COMPILE_AT_LEAST x at the least;
+- memplan dominates every torch.compile point: a run with no more peak at no more step
+  time (within SLOWER_ALLOWED);
+- at torch.compile's least peak, a memplan run LOWER_REQUIRED lower at no more step time.
+Writes benchmarks/results/head_to_head-<device>.json after each run, one plot
+(docs/img/head_to_head_<device>.png) and its section of docs/results.md.
+Run: `python -m benchmarks.head_to_head [--models ...] [--report-only]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import torch
+
+from benchmarks.beyond import BEYOND
+from benchmarks.models import LOWER_REQUIRED, SLOWER_ALLOWED, machine
+from benchmarks.pages import RESULTS_PAGE, write_section
+from benchmarks.paths import DOCS, RESULTS
+from memplan.core.files import write_json_atomically
+from memplan.core.units import format_bytes
+from memplan.planner.measure import measure_peak, paired_step_seconds
+from memplan.tools.verify import resident_tensors, steady_step_peak, training_step
+from memplan.tools.zoo import ZOO, Example
+
+TORCH_POINTS = (1.0, 0.6, 0.2, 0.0)
+MATCHED_POINT = 0.6  # the torch.compile point whose peak memplan is also asked for
+PREDICTED = 0.02
+FIRST_STEP = 0.02
+COMPILE_AT_POINT = 1.3
+COMPILE_AT_LEAST = 2.0
+REPEATS = 5
+# The zoo's models here, at sizes that keep a run within a few minutes on a 2-core CPU.
+ZOO_MODELS = {"mlp": {}, "gpt2": {}, "resnet": {}}
+MODELS = [*ZOO_MODELS, *BEYOND]
+MARKERS = ("<!-- head_to_head: begin -->", "<!-- head_to_head: end -->")
+
+
+def example(name: str) -> Example:
+    return ZOO[name](**ZOO_MODELS[name]) if name in ZOO_MODELS else BEYOND[name]()
+
+
+def one_run(name: str, kind: str, value: str) -> dict[str, Any]:
+    """One run of model `name` (this process's only one): "eager", "torch" at an
+    activation_memory_budget, or "memplan" at a budget ("least": under any least)."""
+    import memplan
+
+    ex = example(name)
+    model, reference = copy.deepcopy(ex.model), copy.deepcopy(ex.model)
+    backend = None
+    if kind == "eager":
+        run: Any = model
+    elif kind == "torch":
+        torch._functorch.config.activation_memory_budget = float(value)
+        run = torch.compile(model)
+    else:
+        budget = 1 if value == "least" else int(value)
+        backend = memplan.backend(budget=budget, progress=False)
+        run = torch.compile(model, backend=backend)
+    device = torch.device("cpu")
+    resident = resident_tensors(model, ex.inputs)
+    started = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a budget under the least says so
+        first = measure_peak(training_step(run, ex.inputs), resident=resident, device=device)
+        seconds = time.perf_counter() - started
+        peak = steady_step_peak(run, model, ex.inputs)
+        step, ratio = paired_step_seconds(
+            training_step(run, ex.inputs),
+            training_step(reference, ex.inputs),
+            device=device,
+            repeats=REPEATS,
+            alternate=True,
+        )
+    found: dict[str, Any] = {
+        "kind": kind,
+        "value": value,
+        "first_step_seconds": seconds,
+        "first_step_peak": first.peak_bytes,
+        "peak": peak,
+        "step_seconds": step,
+        "vs_eager": ratio,
+    }
+    if backend is not None:
+        plans = backend.plans
+        found["predicted"] = backend.predicted_step_peak
+        found["budget"] = max((p.budget + p.resident for p in plans), default=0)
+        found["statuses"] = sorted({p.status for p in plans})
+        found["rounds"] = sum(len(p.options.get("compiled_rounds", [])) for p in plans)
+    return found
+
+
+def in_process(name: str, kind: str, value: str) -> dict[str, Any]:
+    """`one_run` in a fresh process with caches of its own; an error is recorded."""
+    with tempfile.TemporaryDirectory() as caches:
+        env = {
+            **os.environ,
+            "TORCHINDUCTOR_CACHE_DIR": f"{caches}/inductor",
+            "MEMPLAN_CACHE_DIR": f"{caches}/memplan",
+            "HF_HUB_OFFLINE": "1",
+        }
+        command = [sys.executable, "-m", "benchmarks.head_to_head", "--run", name, kind, value]
+        done = subprocess.run(command, capture_output=True, text=True, env=env)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        error = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"kind": kind, "value": value, "error": error[:300]}
+    return json.loads(lines[-1])
+
+
+def bench_model(name: str, record: dict[str, Any], save: Any) -> None:
+    """Every run of model `name`, into `record[name]` (saved after each)."""
+    runs: list[dict[str, Any]] = []
+    record[name] = {"runs": runs}
+
+    def add(kind: str, value: str) -> dict[str, Any]:
+        runs.append(in_process(name, kind, value))
+        save()
+        return runs[-1]
+
+    add("eager", "")
+    torch_runs = [add("torch", str(point)) for point in TORCH_POINTS]
+    measured = [r for r in torch_runs if "peak" in r]
+    if not measured:
+        return
+    least = min(r["peak"] for r in measured)
+    matched = next((r["peak"] for r in measured if r["value"] == str(MATCHED_POINT)), least)
+    for budget in (least, int((1 - LOWER_REQUIRED) * least), matched):
+        add("memplan", str(budget))
+    add("memplan", "least")
+
+
+def targets(runs: list[dict[str, Any]]) -> dict[str, bool | None]:
+    """Which of the module's targets a model's runs meet (None: not measured)."""
+    ok = [r for r in runs if "peak" in r]
+    torch_runs = [r for r in ok if r["kind"] == "torch"]
+    ours = [r for r in ok if r["kind"] == "memplan"]
+    if not torch_runs or not ours:
+        return dict.fromkeys(TARGETS)
+    least_point = min(torch_runs, key=lambda r: r["peak"])
+    by_point = {r["value"]: r for r in torch_runs}
+
+    def dominated(point: dict[str, Any]) -> bool:
+        return any(
+            r["peak"] <= point["peak"] and r["vs_eager"] <= point["vs_eager"] * (1 + SLOWER_ALLOWED)
+            for r in ours
+        )
+
+    point = by_point.get(str(MATCHED_POINT), {})
+    matched = [r for r in ours if r["value"] == str(point.get("peak"))]
+    least = [r for r in ours if r["value"] == "least"]
+    return {
+        "predicted": all(abs(r["predicted"] / r["peak"] - 1) <= PREDICTED for r in ours),
+        "first step": all(
+            r["first_step_peak"] <= r["budget"] * (1 + FIRST_STEP)
+            for r in ours
+            if r["statuses"] != ["best-effort"]
+        ),
+        "compile at a point": bool(matched)
+        and matched[0]["first_step_seconds"]
+        <= COMPILE_AT_POINT * by_point[str(MATCHED_POINT)]["first_step_seconds"],
+        "compile at the least": bool(least)
+        and least[0]["first_step_seconds"] <= COMPILE_AT_LEAST * least_point["first_step_seconds"],
+        "dominates": all(dominated(p) for p in torch_runs),
+        "25% lower": any(
+            r["peak"] <= (1 - LOWER_REQUIRED) * least_point["peak"]
+            and r["vs_eager"] <= least_point["vs_eager"] * (1 + SLOWER_ALLOWED)
+            for r in ours
+        ),
+    }
+
+
+TARGETS = (
+    "predicted",
+    "first step",
+    "compile at a point",
+    "compile at the least",
+    "dominates",
+    "25% lower",
+)
+
+
+def label(r: dict[str, Any]) -> str:
+    if r["kind"] == "eager":
+        return "eager"
+    if r["kind"] == "torch":
+        return f"torch.compile {r['value']}"
+    value = "least" if r["value"] == "least" else format_bytes(int(r["value"]))
+    return f"memplan at {value}"
+
+
+def markdown(saved: dict[str, Any]) -> str:
+    where = saved["machine"]
+    lines = [
+        f"Measured on a {where['device_name']} CPU ({where['cpu_threads']} threads), torch "
+        f"{where['torch']}, "
+        f"{saved['date']}, by `python -m benchmarks.head_to_head`: each run in a process of "
+        "its own with empty caches. Models beyond the zoo are benchmarks/beyond.py's; "
+        "nothing of memplan was tuned on them. Step times are medians of the ratio to an "
+        f"eager step timed beside it ({REPEATS} pairs); compile time is the first step's.",
+        "",
+        "![head to head](img/head_to_head_cpu.png)",
+        "",
+        "| model | " + " | ".join(TARGETS) + " |",
+        "|---" * (len(TARGETS) + 1) + "|",
+    ]
+    for name, entry in saved["models"].items():
+        met = targets(entry["runs"])
+        cells = ["-" if v is None else ("met" if v else "**not met**") for v in met.values()]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "| model | run | peak | predicted | first step peak | x eager | compile |"]
+    lines.append("|---|---|---|---|---|---|---|")
+    for name, entry in saved["models"].items():
+        for r in entry["runs"]:
+            if "error" in r:
+                lines.append(f"| {name} | {label(r)} | {r['error']} | | | | |")
+                continue
+            predicted = r.get("predicted")
+            off = f" ({100 * (predicted / r['peak'] - 1):+.1f}%)" if predicted else ""
+            lines.append(
+                f"| {name} | {label(r)} | {format_bytes(r['peak'])} | "
+                f"{format_bytes(predicted) + off if predicted else ''} | "
+                f"{format_bytes(r['first_step_peak'])} | x{r['vs_eager']:.3f} | "
+                f"{r['first_step_seconds']:.1f} s |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def plot(saved: dict[str, Any], path: Path) -> None:
+    models = list(saved["models"])
+    columns = min(4, len(models))
+    rows = -(-len(models) // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(4 * columns, 3.3 * rows), squeeze=False)
+    for ax, name in zip(axes.flat, models, strict=False):
+        for kind, marker in (("torch", "o"), ("memplan", "s"), ("eager", "x")):
+            runs = [r for r in saved["models"][name]["runs"] if r["kind"] == kind and "peak" in r]
+            ax.scatter(
+                [r["peak"] / 2**20 for r in runs],
+                [r["vs_eager"] for r in runs],
+                marker=marker,
+                label=kind if kind != "torch" else "torch.compile",
+            )
+        ax.set_title(name)
+        ax.set_xlabel("steady peak (MiB)")
+        ax.set_ylabel("step time / eager")
+    for ax in list(axes.flat)[len(models) :]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=8)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def report(saved: dict[str, Any]) -> None:
+    plot(saved, DOCS / "img" / "head_to_head_cpu.png")
+    write_section(RESULTS_PAGE, markdown(saved), *MARKERS)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="*", default=MODELS, choices=MODELS)
+    parser.add_argument("--report-only", action="store_true", help="rewrite the page from JSON")
+    parser.add_argument(
+        "--run", nargs=3, metavar=("MODEL", "KIND", "VALUE"), help=argparse.SUPPRESS
+    )
+    args = parser.parse_args(argv)
+    if args.run:
+        print(json.dumps(one_run(*args.run)), flush=True)
+        return
+    path = RESULTS / "head_to_head-cpu.json"
+    if args.report_only:
+        report(json.loads(path.read_text()))
+        return
+    saved: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"models": {}}
+    saved.update(machine=machine("cpu"), date=time.strftime("%Y-%m-%d"))
+    for name in args.models:
+        bench_model(name, saved["models"], lambda: write_json_atomically(path, saved))
+        print(name, targets(saved["models"][name]["runs"]), flush=True)
+    report(saved)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The command line: `memplan plan | show | solve | maxbatch | solvers | fit`."""

@@ -1,0 +1,229 @@
+"""torch.compile backend: AOTAutograd with memplan's partition function.
+
+`torch.compile(model, backend=memplan.backend(budget="60%"))` builds one explicitly;
+`torch.compile(model, backend="memplan", options={...})` builds one per torch.compile
+call (by_name.py). Inductor compiles the planned graphs, as it does torch.compile's by
+default (`inner="eager"` runs them unfused, for debugging), and the plan kept for a graph
+is the one whose step, as Inductor compiles it, best holds the budget (rounds.py, with
+the policy of search.py): `Plan.compiled_peak` is the prediction of what runs, read from
+Inductor's compile, not measured. Each graph Dynamo hands over (one per graph break) is
+planned so that the step stays within the budget: the bytes the graphs before it keep
+for their backwards stay resident while it runs, and a share is of the step's unplanned
+peak. A graph called again while earlier calls hold more than its plan allowed for is
+planned again for what they held (held_watch.py).
+
+A graph Dynamo traced with dynamic shapes is planned at its traced sizes and runs at any
+(planner/shapes.py); at sizes where that plan exceeds the budget it is planned again
+(`shape_dispatch.ShapeDispatch`). The plan that runs at a call's sizes is the graph's in
+the step (`running`): the graphs after it count what it holds there (step.py). Plans are
+kept on disk by the graph's structure (planner/plan_cache.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from memplan.compile import compat
+from memplan.compile.held_watch import GraphAgain, HeldWatch, WaitingCalls
+from memplan.compile.inductor import (
+    after_joint_passes,
+    inductor_decompositions,
+)
+from memplan.compile.room import RoomsMade, make_room
+from memplan.compile.rounds import GraphSearch
+from memplan.compile.shape_dispatch import ShapeDispatch
+from memplan.compile.spinner import spinner
+from memplan.compile.step import StepKey, graph_key, resident_before, step_peaks
+from memplan.core.budget import Budget
+from memplan.core.errors import (
+    MemplanError,
+)
+from memplan.planner.options import PlanOptions
+from memplan.planner.partitioner import Partitioner
+from memplan.planner.plan import Resident
+from memplan.planner.plan_file import Plan
+from memplan.planner.shapes import ShapeSignature, signature_of, size_symbols
+
+INNER_COMPILERS = ("inductor", "eager")
+
+
+class MemplanBackend:
+    """A Dynamo backend that plans every graph it compiles; `plans` holds their Plans."""
+
+    def __init__(
+        self,
+        budget: Budget | str | float = "100%",
+        solver: str = "greedy",
+        inner: str = "inductor",
+        inductor_config: dict[str, Any] | None = None,
+        reuse: Plan | None = None,
+        **options: Any,
+    ) -> None:
+        if inner not in INNER_COMPILERS:
+            raise MemplanError(f"inner compiler must be one of {INNER_COMPILERS}, got {inner!r}")
+        self.budget = Budget.parse(budget)
+        # Inductor fuses pointwise ops away: the solver prices them as it runs them.
+        defaults = {"best_effort": True, "fused_pointwise": inner == "inductor"}
+        self.options = PlanOptions(solver=solver, **{**defaults, **options})
+        # Eager runs the planned graphs as generated code that frees each value after its
+        # last use, as the API path does, so saved activations die where the plan frees them.
+        # Inductor runs with torch.compile's own settings (layout optimization included:
+        # the channels-last copies it makes are in what the rounds read), unless overridden.
+        # None: unfused.
+        self.settings = None if inner == "eager" else dict(inductor_config or {})
+        # Inductor lowers only graphs decomposed by its own table (as torch.compile's
+        # default backend traces them): planned on the decomposed graph, the plan is of
+        # the ops inductor is given.
+        self.decompositions = inductor_decompositions() if inner == "inductor" else None
+        # A saved plan whose decisions every graph carries out instead of being solved
+        # (a graph it was not made for is refused: PlanFileError).
+        self.reuse = reuse
+        self.plans: list[Plan] = []
+        self.graphs = 0
+        # The step's graphs in the order they first compiled, the latest plan of each, by
+        # (Dynamo frame, graph of that frame's compile, the parameters it takes): a graph
+        # break starts a new frame, DDP's optimizer splits one compile into several graphs,
+        # and a recompile of a frame for new guards or sizes replaces its graphs' plans,
+        # not adds to the step, unless it is of other parameters: each block of a model
+        # compiled alone is a recompile of one frame (regional compilation).
+        self.step: dict[StepKey, Plan] = {}
+        self._graphs_of: dict[object, int] = {}  # graphs so far per Dynamo compile id
+        # The bytes of each parameter the step's graphs take, and of its gradient, by id.
+        self.parameters: dict[int, tuple[int, int]] = {}
+        # Calls of the graphs whose backward has not run, for what they hold (held_watch.py).
+        self.waiting = WaitingCalls()
+        self.watches: dict[StepKey, HeldWatch] = {}  # the step's graphs' watches, by key
+        # Each graph's watches at every size it has a plan for, and of earlier compiles.
+        self.every_watch: dict[StepKey, list[HeldWatch]] = {}
+        self.rooms: RoomsMade = {}  # the room each graph made for later ones (room.py)
+
+    @property
+    def predicted_step_peak(self) -> int:
+        """The step's predicted peak over its graphs (step.step_peaks; 0 before any
+        graph is planned)."""
+        return max(step_peaks(self.step, self.parameters).values(), default=0)
+
+    def __call__(
+        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: str | None = None
+    ) -> Callable[..., Any]:
+        if mode is not None:  # torch.compile hands a backend its mode where not "default"
+            raise MemplanError(
+                f"torch.compile's mode={mode!r} stands for Inductor settings: give them to "
+                f"memplan, as memplan.backend(inductor_config=torch._inductor."
+                f"list_mode_options({mode!r})) or options={{'inductor_config': ...}} by name"
+            )
+        name = f"graph{self.graphs}"
+        self.graphs += 1
+        symbols = size_symbols(example_inputs)
+        partitioner = Partitioner(self.budget, self.options, name=name, reuse=self.reuse)
+        partitioner.sizes = signature_of(symbols, example_inputs)
+        key = graph_key(example_inputs, self._graphs_of, self.parameters)
+        partitioner.resident = resident_before(self.step, key)
+        compiled = self.compile(gm, example_inputs, partitioner)
+        if not partitioner.plans:  # no backward: nothing planned
+            return compiled
+        plan, sizes = partitioner.plans[-1], partitioner.sizes
+        run = self.watched(gm, key, name, compiled, plan, partitioner.resident, sizes)
+        if symbols:  # planned at its hints, and again at sizes the plan does not hold
+            run = ShapeDispatch(self, gm, symbols, partitioner, compiled, key, run)
+        # Dynamo runs what a backend returns inside the compiled frame: not to be traced.
+        return torch.compiler.disable(run, reason="memplan checks what the step holds")
+
+    def watched(
+        self,
+        gm: torch.fx.GraphModule,
+        key: StepKey,
+        name: str,
+        compiled: Callable[..., Any],
+        plan: Plan,
+        resident: Resident,
+        sizes: ShapeSignature = (),
+    ) -> HeldWatch:
+        """`compiled` (`gm` as `plan` runs it, at `sizes` where its shapes are dynamic) as
+        graph `key` of the step (named `name`), checked against what earlier calls hold
+        and planned again for the step (held_watch.py); the later graphs it leaves over
+        the budget are told (make_room)."""
+        again = GraphAgain(self, gm, key, name, resident, sizes)
+        watch = HeldWatch(compiled, plan, self.waiting, again)
+        self.every_watch.setdefault(key, []).append(watch)
+        self.running(key, watch)
+        make_room(self.watches, self.step, key, self.parameters)
+        return watch
+
+    def running(self, key: StepKey, watch: HeldWatch) -> None:
+        """`watch` runs graph `key` in the step now: at the sizes of this call, for a graph
+        of dynamic shapes, whose plan the graphs after it then count."""
+        self.step[key] = watch.plan
+        self.watches[key] = watch
+
+    def reset(self) -> None:
+        """Forget the step: torch._dynamo.reset() calls it (through torch.compile's
+        wrapper), and Dynamo then numbers its frames and compiles from 0 again."""
+        self.step.clear()
+        self.watches.clear()
+        self.every_watch.clear()
+        self.rooms.clear()
+        self._graphs_of.clear()
+
+    def compile(
+        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], partitioner: Partitioner
+    ) -> Callable[..., Any]:
+        """AOTAutograd on `gm` with `partitioner` planning it; its plan joins `plans`. Under
+        Inductor the plan is searched for in rounds (rounds.GraphSearch); with
+        best_effort=False, a budget no round holds raises InfeasibleBudget before
+        anything of the step runs, and no plan is kept."""
+        first = len(partitioner.plans)
+        strict = not partitioner.options.best_effort
+        search = GraphSearch(partitioner, self.settings, strict=strict)
+        # Under Inductor, planned on the joint graph as Inductor's joint passes leave it.
+        partition = (
+            search.partition if self.settings is None else after_joint_passes(search.partition)
+        )
+        compiled = self._aot(gm, example_inputs, partition, search.compiler, partitioner.name)
+        self.plans.extend(partitioner.plans[first:])
+        return compiled
+
+    def _aot(
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        partition: Callable[..., Any],
+        inner: Callable[..., Any],
+        name: str,
+    ) -> Callable[..., Any]:
+        """One AOTAutograd compile of graph `name` with `partition` planning and `inner`
+        compiling; the backward compiled at once (not at the first backward), so that the
+        plan is whole before the step runs."""
+        how = " with Inductor" if self.settings is not None else ""
+        doing = f"{name}: planning for {self.budget}, then compiling{how}"
+        with spinner(doing, self.options.progress), compat.lowering_backward_at_once(True):
+            return compat.aot_autograd(
+                fw_compiler=inner,
+                bw_compiler=inner,
+                partition_fn=partition,
+                decompositions=self.decompositions,
+                # As torch.compile's Inductor backend: the step's writes into its inputs
+                # (BatchNorm's running statistics) stay in the graph, where Inductor fuses
+                # them into its kernels, rather than being applied after it, a copy and an
+                # allocation per buffer per step (ResNet-50: 159 of each).
+                keep_inference_input_mutations=True,
+            )(gm, example_inputs)
+
+
+def backend(
+    budget: Budget | str | float = "100%",
+    solver: str = "greedy",
+    inner: str = "inductor",
+    inductor_config: dict[str, Any] | None = None,
+    reuse: Plan | None = None,
+    **options: Any,
+) -> MemplanBackend:
+    """A memplan backend for torch.compile with the given budget, solver and inner compiler
+    (`inductor_config`: settings of torch._inductor.config to compile under). `reuse`
+    carries out the decisions of a Plan a backend made (one of `plans`) instead of solving;
+    the budget is then what the compiled graphs are checked against. A plan of
+    memplan.optimize or the CLI is of another trace (PlanFileError)."""
+    return MemplanBackend(budget, solver, inner, inductor_config, reuse, **options)

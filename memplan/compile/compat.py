@@ -1,0 +1,214 @@
+"""Every private torch access of the torch.compile path, in one place.
+
+torch gives a backend no public way to run Inductor's joint-graph passes before
+partitioning, to read what Inductor's wrapper will allocate, or to know which Dynamo frame
+a graph comes from. Each such access is a small function here, imported where it is
+called (Inductor loads slowly), and each is smoke-tested (tests/test_compat.py) so that a
+torch upgrade that moves one fails there, by name, not deep in a compile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple
+
+import torch
+
+
+def aot_autograd(**kwargs: Any) -> Callable[..., Any]:
+    """AOTAutograd as a Dynamo backend (torch._dynamo.backends.common)."""
+    from torch._dynamo.backends.common import aot_autograd as make
+
+    return make(**kwargs)
+
+
+def lowering_backward_at_once(on: bool) -> contextlib.AbstractContextManager[None]:
+    """AOTAutograd compiling the backward with the forward, not at the first backward: its
+    plan is then known before the step runs."""
+    import torch._functorch.config as functorch_config
+
+    return functorch_config.patch(force_non_lazy_backward_lowering=on)
+
+
+def inductor_decompositions() -> dict[Any, Callable[..., Any]]:
+    """The decomposition table Inductor lowers with."""
+    from torch._inductor.compile_fx import select_decomp_table
+
+    return select_decomp_table()
+
+
+def fake_mode_of(values: Sequence[Any]) -> Any:
+    """The fake mode the values were traced under (None for real tensors)."""
+    from torch._guards import detect_fake_mode
+
+    return detect_fake_mode(values)
+
+
+def joint_graph_passes(joint: torch.fx.GraphModule, inputs: Sequence[Any]) -> Any:
+    """Inductor's joint-graph passes on `joint` (as torch.compile's partition step runs
+    them), under the trace's fake mode, for the device of the first real input."""
+    from torch._inductor.fx_passes.joint_graph import joint_graph_passes as passes
+    from torch._inductor.virtualized import V
+
+    devices = (t.device for t in inputs if torch.is_tensor(t))
+    device = next((d for d in devices if d.type != "meta"), None)
+    with V.set_fake_mode(fake_mode_of(inputs)):
+        return passes(joint, device)
+
+
+def propagate_fake(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> None:
+    """Each node's value traced again on fake `inputs`."""
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    FakeTensorProp(gm, fake_mode_of(inputs)).propagate_dont_convert_inputs(*inputs)
+
+
+def inductor_settings(settings: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
+    """torch._inductor.config patched with `settings`."""
+    from torch._inductor import config
+
+    return config.patch(settings)
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+    """Inductor's compile of one forward or backward graph, as AOTAutograd calls it."""
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    return compile_fx_inner(gm, list(example_inputs))
+
+
+def report_output_strides(compiled: Any, example_inputs: Sequence[Any]) -> None:
+    """Tell AOTAutograd the strides of a compiled forward's outputs, as Inductor's own
+    compile does (the backward is compiled for them): for a compile made ahead."""
+    from torch._inductor.utils import set_tracing_context_output_strides
+
+    set_tracing_context_output_strides(example_inputs, compiled)
+
+
+class WrapperLines(NamedTuple):
+    """The kinds of line of Inductor's wrapper code that say what it allocates."""
+
+    allocate: type
+    reuse: type
+    free_if_not_reused: type
+    free: type
+    reinterpret: type
+    extern_alloc: type
+    extern_out: type
+    multi_output: type
+    enter_subgraph: type
+
+
+def wrapper_lines() -> WrapperLines:
+    """The wrapper line classes (torch._inductor.codegen.wrapper)."""
+    from torch._inductor.codegen import wrapper as w
+
+    return WrapperLines(
+        w.AllocateLine,
+        w.ReuseLine,
+        w.FreeIfNotReusedLine,
+        w.FreeLine,
+        w.ReinterpretLine,
+        w.ExternKernelAllocLine,
+        w.ExternKernelOutLine,
+        w.MultiOutputLine,
+        w.EnterSubgraphLine,
+    )
+
+
+class Layouts(NamedTuple):
+    """The IR layouts of buffers that own no bytes of their own."""
+
+    multi_output: type  # a fallback's tuple: its members are the buffers
+    none: type  # an op that returns nothing
+
+
+def layouts() -> Layouts:
+    from torch._inductor import ir
+
+    return Layouts(ir.MultiOutputLayout, ir.NoneLayout)
+
+
+def is_ir_node(value: Any) -> bool:
+    """Whether a lowering graph's input is a tensor (an IR node), not a size."""
+    from torch._inductor import ir
+
+    return isinstance(value, ir.IRNode)
+
+
+def lowering_graph() -> Any:
+    """The graph Inductor is lowering now (V.graph)."""
+    from torch._inductor.virtualized import V
+
+    return V.graph
+
+
+def hint(expression: Any) -> int:
+    """A size of the graph being lowered, at its hint where it is symbolic."""
+    return int(lowering_graph().sizevars.optimization_hint(expression, fallback=0))
+
+
+def storage_bytes(buffer: Any) -> int:
+    """The bytes Inductor allocates for `buffer` (at the sizes' hints)."""
+    from torch._inductor.utils import get_dtype_size
+
+    graph = lowering_graph()
+    size = graph.sizevars.optimization_hint(graph.get_allocation_storage_size(buffer), fallback=0)
+    return int(size) * get_dtype_size(buffer.get_dtype())
+
+
+@contextlib.contextmanager
+def reading_wrapper(read: Callable[[Any], None]) -> Iterator[None]:
+    """While open, `read(wrapper)` is called with each wrapper Inductor generates, right
+    after it planned which buffers reuse which (its `lines` are then final), before any
+    code is written."""
+    from torch._inductor.codegen.wrapper import PythonWrapperCodegen
+
+    planned = PythonWrapperCodegen.memory_plan_reuse
+
+    def memory_plan_reuse(self: Any) -> None:
+        planned(self)
+        read(self)
+
+    PythonWrapperCodegen.memory_plan_reuse = memory_plan_reuse  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        PythonWrapperCodegen.memory_plan_reuse = planned  # type: ignore[method-assign]
+
+
+def current_compile_id() -> Any:
+    """The id of the Dynamo compile in progress (frame id, compile count), or None."""
+    return torch._guards.CompileContext.current_compile_id()
+
+
+def torch_compile_wrapper_code() -> Any:
+    """The code of torch.compile's wrapper around a backend: the frame that calls a
+    backend by name on behalf of one torch.compile call."""
+    return torch._TorchCompileWrapper.__call__.__code__
+
+
+def autograd_function_node() -> type:
+    """The class of the autograd node of a custom Function (AOTAutograd's)."""
+    from torch.autograd.function import BackwardCFunction
+
+    return BackwardCFunction
+
+
+def is_fake(value: Any) -> bool:
+    """Whether `value` is a fake tensor."""
+    from torch._subclasses.fake_tensor import is_fake as fake
+
+    return bool(fake(value))
+
+
+# Every accessor above, for the smoke test: each must return without error on the torch
+# memplan supports.
+SMOKE = (
+    inductor_decompositions,
+    wrapper_lines,
+    layouts,
+    torch_compile_wrapper_code,
+    autograd_function_node,
+)

@@ -1,0 +1,230 @@
+"""A joint graph made ready to plan, once: cleaned, lowered for each way of its
+convolutions' input copies, and profiled. Planning it at a budget and rewriting it then
+cost a solve and a rewrite, not a trace and a profile, so that the torch.compile path can
+plan one graph at several budgets (compile/search.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch.fx as fx
+
+from memplan.core.budget import Budget
+from memplan.core.errors import InfeasibleBudget, PlanFileError
+from memplan.core.graph import Graph, Schedule
+from memplan.passes.contiguous import contiguous_convolution_inputs
+from memplan.passes.rewrite import Lowered, rewrite
+from memplan.planner.capture import module_copy
+from memplan.planner.fusion import fused_seconds
+from memplan.planner.lower import drop_checked_asserts, lower, write_inputs_early
+from memplan.planner.options import PlanOptions
+from memplan.planner.plan import Resident, plan_graph, profile_cap, say_again
+from memplan.planner.plan_file import Plan
+from memplan.planner.profile import ProfileCache, profile_graph
+from memplan.planner.transfer_cost import transfer_seconds
+
+# Where a convolution's input of another layout is copied to the one its kernel wants.
+KERNEL_COPIES, GRAPH_COPIES = "kernel", "graph"  # the ways of PlanOptions.convolution_copies
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A plan of a prepared graph: the way its convolutions' copies are made, the lowered
+    graph of that way, the Plan and its Schedule."""
+
+    way: str
+    lowered: Lowered
+    plan: Plan
+    schedule: Schedule
+
+    def rewrite(self) -> tuple[fx.GraphModule, fx.GraphModule]:
+        """The forward and backward modules that carry out the plan."""
+        plan = self.plan
+        stamp = {
+            "solver": plan.solver,
+            "budget": plan.budget,
+            "predicted_peak": plan.predicted_peak,
+            "solve_seconds": plan.solve_seconds,
+        }
+        return rewrite(self.lowered, self.schedule, stamp=stamp)
+
+
+class Prepared:
+    """A joint graph ready to plan (the module's docstring). `budget` and `resident`, as
+    first asked, cap what profiling holds (planner/pass_values.py); `reuse` is a saved
+    Plan whose way must match (PlanFileError otherwise); `before_solving` is a last look
+    at each lowered graph, its costs set (tools/fit.py divides it per rank there)."""
+
+    def __init__(
+        self,
+        joint: fx.GraphModule,
+        num_fwd_outputs: int,
+        *,
+        name: str,
+        options: PlanOptions,
+        budget: Budget,
+        resident: Resident,
+        cache: ProfileCache,
+        reuse: Plan | None = None,
+        before_solving: Callable[[Graph], Graph] | None = None,
+    ) -> None:
+        self.name = name
+        self.options = options
+        drop_checked_asserts(joint)
+        joint.graph.eliminate_dead_code()
+        write_inputs_early(joint)
+        threshold = options.offload_threshold
+        lowered = {
+            way: lower(variant, num_fwd_outputs, name=name, offload_threshold=threshold)
+            for way, variant in _variants(joint, options.convolution_copies).items()
+        }
+        if reuse is not None:
+            lowered = _matching(lowered, reuse)
+        self.variants = {
+            way: _costed(low, options, budget, resident, cache, before_solving)
+            for way, low in lowered.items()
+        }
+
+    @property
+    def first(self) -> Lowered:
+        """The graph as traced (the first way planned)."""
+        return next(iter(self.variants.values()))
+
+    def plan(
+        self,
+        budget: Budget,
+        resident: Resident,
+        *,
+        reuse: Plan | None = None,
+        written: bool = False,
+        requested_as: str = "",
+        options: PlanOptions | None = None,
+    ) -> Planned:
+        """The fastest plan of the ways that holds `budget` with `resident` held by the
+        graphs before, else the least peak (best effort); each way is held to the bytes
+        the first was asked. `options` are the graph's, unless given (the torch.compile
+        path's rounds plan best effort). Raises the least InfeasibleBudget where none
+        planned. The warnings of the way kept are said; the others' are about a graph
+        that does not run."""
+        planned: dict[str, Planned | InfeasibleBudget] = {}
+        said: dict[str, list[warnings.WarningMessage]] = {}
+        for way, lowered in self.variants.items():
+            with warnings.catch_warnings(record=True) as said[way]:
+                warnings.simplefilter("always")
+                planned[way] = found = self._plan_way(
+                    way, lowered, budget, resident, reuse, written, options or self.options
+                )
+            asked = found.budget if isinstance(found, InfeasibleBudget) else found.plan.asked
+            # The next way is held to these bytes, which are net of what is resident.
+            budget = Budget(bytes=asked)
+            resident = dataclasses.replace(resident, held=0)
+        kept = _faster(planned)
+        for warning in said[kept.way]:
+            say_again(warning)
+        # The plan records the way it was made, so that applying it again makes it that way.
+        plan = dataclasses.replace(
+            kept.plan,
+            options={**kept.plan.options, "convolution_copies": kept.way},
+            requested_as=requested_as or kept.plan.requested_as,
+        )
+        return dataclasses.replace(kept, plan=plan)
+
+    def _plan_way(
+        self,
+        way: str,
+        lowered: Lowered,
+        budget: Budget,
+        resident: Resident,
+        reuse: Plan | None,
+        written: bool,
+        options: PlanOptions,
+    ) -> Planned | InfeasibleBudget:
+        try:
+            plan, schedule = plan_graph(
+                lowered.graph,
+                budget,
+                options,
+                device=str(lowered.device),
+                fingerprint=lowered.fingerprint,
+                reuse=reuse,
+                written=written,
+                resident=resident,
+            )
+        except InfeasibleBudget as infeasible:
+            return infeasible
+        return Planned(way, lowered, plan, schedule)
+
+
+def _variants(joint: fx.GraphModule, copies: str) -> dict[str, fx.GraphModule]:
+    """The joint graph for each way its convolutions' input copies may be made: inside
+    the kernels (as traced), in the graph (passes/contiguous.py), or both."""
+    variants = {} if copies == GRAPH_COPIES else {KERNEL_COPIES: joint}
+    if copies != KERNEL_COPIES:
+        copied = module_copy(joint)
+        if contiguous_convolution_inputs(copied):
+            variants[GRAPH_COPIES] = copied
+    return variants or {KERNEL_COPIES: joint}  # "graph", but nothing to copy
+
+
+def _matching(lowered: dict[str, Lowered], reuse: Plan) -> dict[str, Lowered]:
+    """The ways whose graph `reuse` was made for; PlanFileError where none is."""
+    matching = {w: low for w, low in lowered.items() if low.fingerprint == reuse.fingerprint}
+    if not matching:
+        ours = next(iter(lowered.values())).fingerprint
+        raise PlanFileError(
+            f"plan {reuse.name!r} was made for another graph "
+            f"(fingerprint {reuse.fingerprint}, this model {ours})"
+        )
+    return matching
+
+
+def _costed(
+    lowered: Lowered,
+    options: PlanOptions,
+    budget: Budget,
+    resident: Resident,
+    cache: ProfileCache,
+    before_solving: Callable[[Graph], Graph] | None,
+) -> Lowered:
+    """`lowered` with its nodes' times and workspaces profiled (priced as Inductor fuses
+    them, where it does), and the host time of a transfer where offloading."""
+    device = lowered.device
+    solver_options = options.solver_options(device.type)
+    profile = profile_graph(
+        lowered.joint,
+        device=device,
+        measure=options.measure,
+        spec=options.device_spec,
+        cache=cache,
+        progress=options.progress,
+        cap=profile_cap(lowered.graph, budget, resident, solver_options),
+    )
+    seconds = [profile.seconds.get(n.name, 0.0) for n in lowered.fx_nodes]
+    if options.fused_pointwise:
+        seconds = fused_seconds(lowered.fx_nodes, seconds)
+    graph = lowered.graph.replace_times(
+        seconds, [profile.workspace.get(n.name, 0) for n in lowered.fx_nodes]
+    )
+    if solver_options.bandwidth:
+        priced = transfer_seconds(device, measure=options.measure, cache=cache)
+        graph = dataclasses.replace(graph, transfer_seconds=priced)
+    if before_solving is not None:
+        graph = before_solving(graph)
+    return dataclasses.replace(lowered, graph=graph)
+
+
+def _faster(planned: dict[str, Planned | InfeasibleBudget]) -> Planned:
+    """Of the plans of a graph's ways: the fastest predicted among those that hold the
+    budget asked for, else (all best effort) the least peak. Raises the least
+    InfeasibleBudget where none planned."""
+    plans = [p for p in planned.values() if isinstance(p, Planned)]
+    if not plans:
+        raise min(planned.values(), key=lambda e: e.smallest_feasible)  # type: ignore[union-attr]
+    held = [p for p in plans if p.plan.status != "best-effort"]
+    if held:
+        return min(held, key=lambda p: p.plan.predicted_time)
+    return min(plans, key=lambda p: p.plan.predicted_peak)

@@ -1,0 +1,65 @@
+"""Every private torch access of the torch.compile path (compile/compat.py), smoke-tested
+by name: a torch upgrade that moves one fails here, not deep in a compile."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from memplan.compile import compat
+from memplan.compile.inductor import compile_reading
+from memplan.core.emitted import Allocate, Release
+
+
+@pytest.mark.parametrize("accessor", compat.SMOKE, ids=lambda f: f.__name__)
+def test_each_private_symbol_is_where_memplan_reads_it(accessor):
+    assert accessor() is not None
+
+
+def test_the_wrapper_lines_have_the_fields_memplan_reads():
+    lines = compat.wrapper_lines()
+    fields = {
+        lines.allocate: ("node",),
+        lines.reuse: ("node", "reused_as", "delete_old"),
+        lines.free_if_not_reused: ("node", "is_reused"),
+        lines.free: ("node",),
+        lines.reinterpret: ("node", "reused_as"),
+        lines.multi_output: ("result_name", "arg_name"),
+    }
+    for kind, names in fields.items():
+        declared = getattr(kind, "__dataclass_fields__", {})
+        assert all(name in declared for name in names), (kind, names)
+
+
+def test_the_compile_id_is_none_outside_a_compile_and_the_wrapper_is_code():
+    assert compat.current_compile_id() is None
+    assert isinstance(compat.torch_compile_wrapper_code(), types.CodeType)
+    assert compat.is_fake(FakeTensorMode().from_tensor(torch.ones(2)))
+    assert not compat.is_fake(torch.ones(2))
+
+
+def _traced() -> torch.fx.GraphModule:
+    """x -> (x * 2).sin() + 1 on a 1 MiB input, in ATen ops, its values traced on fake
+    tensors and traced again (compat.propagate_fake)."""
+    gm = make_fx(lambda x: ((x * 2).sin() + 1,), tracing_mode="fake")(torch.ones(512, 512))
+    inputs = [n.meta["val"] for n in gm.graph.find_nodes(op="placeholder")]
+    compat.propagate_fake(gm, inputs)
+    return gm
+
+
+def test_an_inductor_compile_is_read_and_runs():
+    """Inductor fuses the three ops into one kernel: one buffer of 1 MiB, returned, and a
+    compiled graph that computes the result."""
+    read = compile_reading(_traced(), {})
+    compiled, emitted, specs = read.compiled, read.emitted, read.specs
+    made = [e for e in emitted.events if isinstance(e, Allocate)]
+    assert [e.bytes for e in made] == [2**20]
+    assert not any(isinstance(e, Release) and e.name == made[0].name for e in emitted.events)
+    assert emitted.outputs == (made[0].name,) and specs[0][0] == (512, 512)
+    x = torch.ones(512, 512)
+    (result,) = compiled([x])
+    torch.testing.assert_close(result, (x * 2).sin() + 1)
