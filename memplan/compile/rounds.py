@@ -90,7 +90,9 @@ class GraphSearch:
         self.strict = strict
         self.keep_plans = keep_plans
         self.history: list[Outcome] = []
-        self.compiled: dict[int, Compiled] = {}  # by id of the graph module handed over
+        # By the code of the graph module handed over: AOTAutograd hands the inner compiler
+        # a copy of the backward partition returned, not the module itself.
+        self.compiled: dict[str, Compiled] = {}
         self.kept_settings = self.settings
 
     def partition(
@@ -119,7 +121,7 @@ class GraphSearch:
         if chosen.compiled is not None:
             modules = (chosen.forward, chosen.backward)
             for module, made in zip(modules, chosen.compiled, strict=True):
-                self.compiled[id(module)] = made
+                self.compiled[module.code] = made
         self.kept_settings = self._settings(chosen.outcome.attempt.lane)
         if self.keep_plans and part.reuse is None and not plan.cut_short:
             store_plan(self._key(prepared), plan)
@@ -133,7 +135,7 @@ class GraphSearch:
         if self.kept_settings is None:
             return boxed_runner(gm, example_inputs)
         keep_saved_tensors()
-        made = self.compiled.pop(id(gm), None)
+        made = self.compiled.pop(gm.code, None)
         if made is not None and made.specs == input_specs(example_inputs):
             if made.forward:
                 compat.report_output_strides(made.compiled, example_inputs)
