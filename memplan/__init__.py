@@ -18,6 +18,8 @@ _LAZY = {
     "PlannedModule": "memplan.planner.module",
     "backend": "memplan.compile.backend",
     "Plan": "memplan.planner.plan_file",
+    # The subpackage itself, which is callable: memplan.compile(model, budget=...).
+    "compile": "memplan.compile",
 }
 
 __all__ = ["Budget", "InfeasibleBudget", "MemplanError", *_LAZY]
@@ -25,5 +27,6 @@ __all__ = ["Budget", "InfeasibleBudget", "MemplanError", *_LAZY]
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        module = importlib.import_module(_LAZY[name])
+        return module if module.__name__ == f"{__name__}.{name}" else getattr(module, name)
     raise AttributeError(f"module 'memplan' has no attribute {name!r}")

@@ -9,7 +9,7 @@ from torch import nn
 
 from memplan.core.budget import Budget
 from memplan.planner.module import PlannedModule, plan_module
-from memplan.planner.options import PlanOptions
+from memplan.planner.options import keyword_options
 from memplan.planner.plan_file import Plan
 
 
@@ -40,6 +40,5 @@ def optimize(
     `reuse` applies a saved Plan's decisions instead of solving again.
     """
     parsed = Budget.parse(budget)
-    return plan_module(
-        model, example_inputs, parsed, PlanOptions(solver=solver, **options), reuse=reuse
-    )
+    planning = keyword_options(("budget", "reuse"), solver=solver, **options)
+    return plan_module(model, example_inputs, parsed, planning, reuse=reuse)

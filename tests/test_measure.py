@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from memplan.passes.offload import OFFLOAD
+from memplan.planner.allocator import UNKNOWN_SIZE, recording
 from memplan.planner.granularity import allocated_bytes
 from memplan.planner.measure import (
     LiveStorageTracker,
@@ -208,6 +210,16 @@ def test_the_allocator_skips_frees_of_blocks_from_before_the_step():
 
     measure_peak(allocate, resident=[], device=CPU, method="allocator")
     assert measure_peak(step, resident=[], device=CPU, method="allocator").peak_bytes == 8192
+
+
+def test_a_recording_drops_the_allocators_line_on_blocks_from_before_and_no_other(capfd):
+    before = torch.randn(4096)
+    with recording(CPU):
+        del before  # c10 logs UNKNOWN_SIZE here, where it is its first such free
+        # The line as c10 writes it, for a process where it was not the first.
+        os.write(2, b"[W1205 CPUAllocator.cpp:245] " + UNKNOWN_SIZE + b", profiler ...\n")
+        os.write(2, b"a line of the step's own\n")
+    assert capfd.readouterr().err == "a line of the step's own\n"
 
 
 def test_cuda_sizes_are_the_caching_allocators_blocks() -> None:

@@ -41,13 +41,15 @@ from memplan.core.budget import Budget
 from memplan.core.errors import (
     MemplanError,
 )
-from memplan.planner.options import PlanOptions
+from memplan.planner.options import keyword_options
 from memplan.planner.partitioner import Partitioner
 from memplan.planner.plan import Resident
 from memplan.planner.plan_file import Plan
 from memplan.planner.shapes import ShapeSignature, signature_of, size_symbols
 
 INNER_COMPILERS = ("inductor", "eager")
+# The backend's parameters besides PlanOptions' fields (named where an option is unknown).
+OWN_OPTIONS = ("budget", "inner", "inductor_config", "reuse")
 
 
 class MemplanBackend:
@@ -67,7 +69,7 @@ class MemplanBackend:
         self.budget = Budget.parse(budget)
         # Inductor fuses pointwise ops away: the solver prices them as it runs them.
         defaults = {"best_effort": True, "fused_pointwise": inner == "inductor"}
-        self.options = PlanOptions(solver=solver, **{**defaults, **options})
+        self.options = keyword_options(OWN_OPTIONS, solver=solver, **{**defaults, **options})
         # Eager runs the planned graphs as generated code that frees each value after its
         # last use, as the API path does, so saved activations die where the plan frees them.
         # Inductor runs with torch.compile's own settings (layout optimization included:

@@ -84,6 +84,10 @@ class UnknownSolver(MemplanError, KeyError):
         return str(self.args[0])
 
 
+class UnknownOption(MemplanError, TypeError):
+    """A keyword option an entry point does not take (the message names those it does)."""
+
+
 class MissingDependency(MemplanError, ImportError):
     """An optional library a solver needs is not installed."""
 

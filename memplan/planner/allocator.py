@@ -13,8 +13,9 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import tempfile
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,11 @@ from memplan.core.errors import AllocatorUnreadable
 # How many of the calls around an allocation it keeps, innermost first: the op that
 # allocated it, the ops that called it, and the region around them (a compiled graph).
 CALLS_KEPT = 4
+# What c10's CPU allocator logs (CPUAllocator.cpp, LOG(WARNING), the first time and every
+# 1000th) when a block allocated before a memory-profiling session is freed inside it:
+# every step measured frees such blocks (the last step's gradients, garbage of earlier
+# work), and a free of a block not allocated inside is what `Recording` leaves out anyway.
+UNKNOWN_SIZE = b"Memory block of unknown size was allocated before the profiling started"
 
 
 @dataclass(frozen=True)
@@ -115,13 +121,14 @@ def recording(
     profiler = torch.profiler.profile(
         activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
     )
-    with _stderr_held_back():
+    with _stderr_held_back(_every_line):
         profiler.__enter__()
     found = Recording()
     try:
-        yield found
+        with _stderr_held_back(_unknown_size):
+            yield found
     finally:
-        with _stderr_held_back():
+        with _stderr_held_back(_every_line):
             profiler.__exit__(None, None, None)
     pending = list(profiler.profiler.kineto_results.experimental_event_tree())
     while pending:
@@ -152,17 +159,29 @@ def _on(actual: torch.device, wanted: torch.device) -> bool:
     return actual.type == wanted.type and wanted.index in (None, actual.index)
 
 
+def _every_line(line: bytes) -> bool:
+    return True
+
+
+def _unknown_size(line: bytes) -> bool:
+    return UNKNOWN_SIZE in line
+
+
 @contextlib.contextmanager
-def _stderr_held_back() -> Iterator[None]:
-    """Send this process's stderr (file descriptor 2, which C++ writes to) to the null
-    device inside the block."""
+def _stderr_held_back(dropped: Callable[[bytes], bool]) -> Iterator[None]:
+    """Hold this process's stderr (file descriptor 2, which C++ writes to) in a file inside
+    the block, and pass its lines on after it, but those `dropped` says to drop."""
     sys.stderr.flush()
     saved = os.dup(2)
-    null = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(null)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = b"".join(line for line in held if not dropped(line))
+            while kept:
+                kept = kept[os.write(2, kept) :]

@@ -5,10 +5,12 @@ so that the CLI reads its defaults without loading torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any
 
 from memplan.core.devices import DeviceSpec
-from memplan.core.errors import MemplanError
+from memplan.core.errors import MemplanError, UnknownOption
 from memplan.planner.layout import METHODS
 from memplan.solvers import SolverOptions, check_known
 
@@ -78,3 +80,16 @@ class PlanOptions:
         if offload:
             bandwidth = self.bandwidth or DEFAULT_BANDWIDTH.get(device_type, 1.0e10)
         return SolverOptions(seed=self.seed, time_limit=self.time_limit, bandwidth=bandwidth)
+
+
+def keyword_options(own: Sequence[str], **options: Any) -> PlanOptions:
+    """The PlanOptions of keyword `options` given to an entry point whose own parameters
+    are `own`; UnknownOption, in one line naming every option it takes, for any other."""
+    known = [field.name for field in fields(PlanOptions)]
+    unknown = [repr(name) for name in options if name not in known]
+    if unknown:
+        noun = "option" if len(unknown) == 1 else "options"
+        raise UnknownOption(
+            f"unknown {noun} {', '.join(unknown)}; known: {', '.join([*own, *known])}"
+        )
+    return PlanOptions(**options)
