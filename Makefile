@@ -38,6 +38,7 @@ bench: test-slow
 	$(BIN)/python -m benchmarks.sweep
 	$(BIN)/python -m benchmarks.bounds
 	$(BIN)/python -m benchmarks.compiled
+	$(BIN)/python -m benchmarks.head_to_head
 	$(BIN)/python -m benchmarks.training_loop
 	$(BIN)/python -m benchmarks.inductor_peaks
 	$(BIN)/python -m benchmarks.repeated_calls

@@ -9,10 +9,10 @@ compile's time is a first run's):
 - `torch.compile(model, backend=memplan.backend(budget=...))` at torch.compile's least
   peak, at LOWER_REQUIRED below it, at the peak of its 0.6 point (the compile time at the
   same point) and at memplan's own least.
-Each run's first step (the compile included) is timed and read by the allocator; then a
-steady step's peak, and its step time as the median ratio over eager steps timed in
-pairs with it (paired_step_seconds). memplan's prediction is the backend's predicted step
-peak. The targets, per model:
+Each run's first step (the compile included) is timed and read by the allocator (for
+memplan, in a second process: one_run); then a steady step's peak, and its step time
+as the median ratio over eager steps timed in pairs with it (paired_step_seconds).
+memplan's prediction is the backend's predicted step peak. The targets, per model:
 - every memplan prediction within PREDICTED of the allocator's steady peak;
 - the first step within its budget, + FIRST_STEP;
 - compile time at most COMPILE_AT_POINT x torch.compile's at the same point, and at most
@@ -22,13 +22,15 @@ peak. The targets, per model:
 - at torch.compile's least peak, a memplan run LOWER_REQUIRED lower at no more step time.
 Writes benchmarks/results/head_to_head-<device>.json after each run, one plot
 (docs/img/head_to_head_<device>.png) and its section of docs/results.md.
-Run: `python -m benchmarks.head_to_head [--models ...] [--report-only]`.
+Run: `python -m benchmarks.head_to_head [--models ...] [--report-only]`; `--again KIND
+VALUE` runs one run of each model again (`--again memplan least`).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import os
 import subprocess
@@ -36,6 +38,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +65,7 @@ FIRST_STEP = 0.02
 COMPILE_AT_POINT = 1.3
 COMPILE_AT_LEAST = 2.0
 REPEATS = 5
+UNDER_ANY_LEAST = 1024  # bytes
 # The zoo's models here, at sizes that keep a run within a few minutes on a 2-core CPU.
 ZOO_MODELS = {"mlp": {}, "gpt2": {}, "resnet": {}}
 MODELS = [*ZOO_MODELS, *BEYOND]
@@ -72,9 +76,16 @@ def example(name: str) -> Example:
     return ZOO[name](**ZOO_MODELS[name]) if name in ZOO_MODELS else BEYOND[name]()
 
 
-def one_run(name: str, kind: str, value: str) -> dict[str, Any]:
+def one_run(name: str, kind: str, value: str, stage: str = "all") -> dict[str, Any]:
     """One run of model `name` (this process's only one): "eager", "torch" at an
-    activation_memory_budget, or "memplan" at a budget ("least": under any least)."""
+    activation_memory_budget, or "memplan" at a budget ("least": under any least).
+
+    The first step's peak is read by the allocator's events, which on CPU come from a
+    torch.profiler session: memplan planning inside one cannot read transient memory and
+    bounds it instead (planner/profile.py), so a memplan run is two processes (in_process):
+    stage "all" times its first step unrecorded and measures the rest; stage "first-step"
+    then records only the first step, with the plan the first process made (its profile
+    and plan caches), compiled and run again."""
     import memplan
 
     ex = example(name)
@@ -86,33 +97,33 @@ def one_run(name: str, kind: str, value: str) -> dict[str, Any]:
         torch._functorch.config.activation_memory_budget = float(value)
         run = torch.compile(model)
     else:
-        budget = 1 if value == "least" else int(value)
+        # One KiB: under any model's least (a plain 1 would be a share, 100%).
+        budget = UNDER_ANY_LEAST if value == "least" else int(value)
         backend = memplan.backend(budget=budget, progress=False)
         run = torch.compile(model, backend=backend)
     device = torch.device("cpu")
     resident = resident_tensors(model, ex.inputs)
-    started = time.perf_counter()
+    found: dict[str, Any] = {"kind": kind, "value": value}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a budget under the least says so
-        first = measure_peak(training_step(run, ex.inputs), resident=resident, device=device)
-        seconds = time.perf_counter() - started
-        peak = steady_step_peak(run, model, ex.inputs)
-        step, ratio = paired_step_seconds(
+        if backend is not None and stage == "first-step":
+            first = measure_peak(training_step(run, ex.inputs), resident=resident, device=device)
+            return {**found, "first_step_peak": first.peak_bytes}
+        started = time.perf_counter()
+        if backend is None:
+            first = measure_peak(training_step(run, ex.inputs), resident=resident, device=device)
+            found["first_step_peak"] = first.peak_bytes
+        else:
+            training_step(run, ex.inputs)()
+        found["first_step_seconds"] = time.perf_counter() - started
+        found["peak"] = steady_step_peak(run, model, ex.inputs)
+        found["step_seconds"], found["vs_eager"] = paired_step_seconds(
             training_step(run, ex.inputs),
             training_step(reference, ex.inputs),
             device=device,
             repeats=REPEATS,
             alternate=True,
         )
-    found: dict[str, Any] = {
-        "kind": kind,
-        "value": value,
-        "first_step_seconds": seconds,
-        "first_step_peak": first.peak_bytes,
-        "peak": peak,
-        "step_seconds": step,
-        "vs_eager": ratio,
-    }
     if backend is not None:
         plans = backend.plans
         found["predicted"] = backend.predicted_step_peak
@@ -123,7 +134,10 @@ def one_run(name: str, kind: str, value: str) -> dict[str, Any]:
 
 
 def in_process(name: str, kind: str, value: str) -> dict[str, Any]:
-    """`one_run` in a fresh process with caches of its own; an error is recorded."""
+    """`one_run` in a fresh process with caches of its own (for memplan, then its
+    first step recorded in a second process sharing them); an error is recorded."""
+    stages = ["all", "first-step"] if kind == "memplan" else ["all"]
+    found: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as caches:
         env = {
             **os.environ,
@@ -131,22 +145,28 @@ def in_process(name: str, kind: str, value: str) -> dict[str, Any]:
             "MEMPLAN_CACHE_DIR": f"{caches}/memplan",
             "HF_HUB_OFFLINE": "1",
         }
-        command = [sys.executable, "-m", "benchmarks.head_to_head", "--run", name, kind, value]
-        done = subprocess.run(command, capture_output=True, text=True, env=env)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode or not lines:
-        error = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"kind": kind, "value": value, "error": error[:300]}
-    return json.loads(lines[-1])
+        for stage in stages:
+            command = [sys.executable, "-m", "benchmarks.head_to_head", "--run", name, kind, value]
+            done = subprocess.run([*command, stage], capture_output=True, text=True, env=env)
+            lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+            if done.returncode or not lines:
+                error = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                return {"kind": kind, "value": value, "error": f"{stage}: {error[:300]}"}
+            found.update(json.loads(lines[-1]))
+    return found
 
 
-def bench_model(name: str, record: dict[str, Any], save: Any) -> None:
-    """Every run of model `name`, into `record[name]` (saved after each)."""
+def bench_model(name: str, record: dict[str, Any], save: Any, keep: Sequence[str] = ()) -> None:
+    """Every run of model `name`, into `record[name]` (saved after each); a run of a kind
+    in `keep` that `record` has measured already is kept, not run again."""
+    saved = {(r["kind"], r["value"]): r for r in record.get(name, {}).get("runs", [])}
     runs: list[dict[str, Any]] = []
     record[name] = {"runs": runs}
 
     def add(kind: str, value: str) -> dict[str, Any]:
-        runs.append(in_process(name, kind, value))
+        earlier = saved.get((kind, value), {})
+        kept = kind in keep and "error" not in earlier and earlier
+        runs.append(kept or in_process(name, kind, value))
         save()
         return runs[-1]
 
@@ -157,7 +177,7 @@ def bench_model(name: str, record: dict[str, Any], save: Any) -> None:
         return
     least = min(r["peak"] for r in measured)
     matched = next((r["peak"] for r in measured if r["value"] == str(MATCHED_POINT)), least)
-    for budget in (least, int((1 - LOWER_REQUIRED) * least), matched):
+    for budget in dict.fromkeys((least, int((1 - LOWER_REQUIRED) * least), matched)):
         add("memplan", str(budget))
     add("memplan", "least")
 
@@ -224,12 +244,16 @@ def label(r: dict[str, Any]) -> str:
 def markdown(saved: dict[str, Any]) -> str:
     where = saved["machine"]
     lines = [
-        f"Measured on a {where['device_name']} CPU ({where['cpu_threads']} threads), torch "
+        f"Measured on a {where['device_name']} CPU ({where['cpu_threads']} torch threads, "
+        f"{where.get('inductor_compile_threads', '?')} Inductor compile threads), torch "
         f"{where['torch']}, "
         f"{saved['date']}, by `python -m benchmarks.head_to_head`: each run in a process of "
         "its own with empty caches. Models beyond the zoo are benchmarks/beyond.py's; "
         "nothing of memplan was tuned on them. Step times are medians of the ratio to an "
-        f"eager step timed beside it ({REPEATS} pairs); compile time is the first step's.",
+        f"eager step timed beside it ({REPEATS} pairs); compile time is the first step's. "
+        "A memplan run's first-step peak is recorded in a second process that compiles and "
+        "runs the plan the first made, from its caches: on CPU the allocator is read through "
+        "a profiler session, inside which memplan cannot measure transient memory.",
         "",
         "![head to head](img/head_to_head_cpu.png)",
         "",
@@ -289,12 +313,41 @@ def report(saved: dict[str, Any]) -> None:
     write_section(RESULTS_PAGE, markdown(saved), *MARKERS)
 
 
+def compile_threads() -> int:
+    """How many threads Inductor compiles with here (TORCHINDUCTOR_COMPILE_THREADS, else
+    its default for this machine)."""
+    from torch._inductor import config
+
+    return int(config.compile_threads or 1)
+
+
+def run_again(name: str, runs: list[dict[str, Any]], kind: str, value: str) -> None:
+    """The run of `kind` at `value` in model `name`'s `runs` replaced by a new one (where
+    the benchmark's code changed for it), where it has one."""
+    for i, r in enumerate(runs):
+        if (r["kind"], r["value"]) == (kind, value):
+            runs[i] = in_process(name, kind, value)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=MODELS, choices=MODELS)
     parser.add_argument("--report-only", action="store_true", help="rewrite the page from JSON")
     parser.add_argument(
-        "--run", nargs=3, metavar=("MODEL", "KIND", "VALUE"), help=argparse.SUPPRESS
+        "--keep",
+        nargs="*",
+        default=[],
+        choices=["eager", "torch", "memplan"],
+        help="keep the saved JSON's runs of these kinds, measured already",
+    )
+    parser.add_argument(
+        "--again",
+        nargs=2,
+        metavar=("KIND", "VALUE"),
+        help="run each model's run of KIND at VALUE again, in its place in the saved JSON",
+    )
+    parser.add_argument(
+        "--run", nargs=4, metavar=("MODEL", "KIND", "VALUE", "STAGE"), help=argparse.SUPPRESS
     )
     args = parser.parse_args(argv)
     if args.run:
@@ -306,8 +359,14 @@ def main(argv: list[str] | None = None) -> None:
         return
     saved: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"models": {}}
     saved.update(machine=machine("cpu"), date=time.strftime("%Y-%m-%d"))
+    saved["machine"]["inductor_compile_threads"] = compile_threads()
     for name in args.models:
-        bench_model(name, saved["models"], lambda: write_json_atomically(path, saved))
+        if args.again:
+            run_again(name, saved["models"][name]["runs"], *args.again)
+            write_json_atomically(path, saved)
+        else:
+            save = functools.partial(write_json_atomically, path, saved)
+            bench_model(name, saved["models"], save, args.keep)
         print(name, targets(saved["models"][name]["runs"]), flush=True)
     report(saved)
 

@@ -1,0 +1,100 @@
+"""benchmarks/head_to_head.py without running a model: its targets on hand-made runs, and
+which runs a model's benchmark makes, keeps or makes again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks import head_to_head as h2h
+
+MIB = 2**20
+
+
+def torch_run(point: str, peak_mib: float, vs_eager: float, seconds: float = 10.0):
+    return {
+        "kind": "torch",
+        "value": point,
+        "peak": int(peak_mib * MIB),
+        "vs_eager": vs_eager,
+        "first_step_seconds": seconds,
+        "first_step_peak": int(peak_mib * MIB),
+    }
+
+
+def memplan_run(value: str, peak_mib: float, vs_eager: float, **changes: Any):
+    found = {
+        "kind": "memplan",
+        "value": value,
+        "peak": int(peak_mib * MIB),
+        "predicted": int(peak_mib * MIB),
+        "vs_eager": vs_eager,
+        "first_step_seconds": 12.0,
+        "first_step_peak": int(peak_mib * MIB),
+        "budget": int(peak_mib * MIB),
+        "statuses": ["feasible"],
+    }
+    return {**found, **changes}
+
+
+TORCH = [torch_run("1.0", 100, 1.0), torch_run("0.6", 80, 1.05), torch_run("0.2", 60, 1.2)]
+MATCHED = str(80 * MIB)  # the 0.6 point's peak, as the benchmark asks memplan for it
+
+
+def test_runs_that_meet_every_target():
+    ours = [memplan_run(MATCHED, 70, 1.0), memplan_run("least", 40, 1.1)]
+    assert all(h2h.targets([*TORCH, *ours]).values())
+
+
+def test_each_target_a_run_misses():
+    ours = [
+        # predicted 3% high, its first step 5% over its budget, compiled in 2x torch's time
+        memplan_run(MATCHED, 70, 1.0, predicted=int(72.1 * MIB), first_step_peak=int(73.5 * MIB)),
+        memplan_run("least", 50, 1.3),  # 17% under torch's least, and slower
+    ]
+    ours[0]["first_step_seconds"] = 2 * TORCH[1]["first_step_seconds"]
+    met = h2h.targets([*TORCH, *ours])
+    assert met == {
+        "predicted": False,
+        "first step": False,
+        "compile at a point": False,
+        "compile at the least": True,  # 12 s against the least point's 10 s: under 2x
+        "dominates": False,  # nothing of ours is at 60 MiB or lower at x1.2 or faster
+        "25% lower": False,
+    }
+
+
+def test_nothing_measured_meets_nothing_and_misses_nothing():
+    assert set(h2h.targets([torch_run("1.0", 100, 1.0)]).values()) == {None}
+
+
+def test_a_model_keeps_the_runs_of_kinds_asked_and_runs_the_rest(monkeypatch):
+    """With --keep torch, the saved torch runs stand and memplan's are made at their
+    peaks: at the least, 25% under it and at the 0.6 point's peak (here the least too,
+    so made once), then under any least."""
+    made: list[tuple[str, str]] = []
+
+    def in_process(name: str, kind: str, value: str) -> dict[str, Any]:
+        made.append((kind, value))
+        return {"kind": kind, "value": value, "error": "not run"}
+
+    monkeypatch.setattr(h2h, "in_process", in_process)
+    saved = [torch_run(p, 60, 1.0) for p in ("1.0", "0.6", "0.2", "0.0")]
+    saved.append({"kind": "eager", "value": "", "error": "killed"})
+    record = {"m": {"runs": saved}}
+    h2h.bench_model("m", record, lambda: None, keep=["torch", "eager"])
+    least = str(60 * MIB)
+    assert made == [
+        ("eager", ""),  # its saved run failed: made again
+        ("memplan", least),
+        ("memplan", str(int(0.75 * 60 * MIB))),
+        ("memplan", "least"),
+    ]
+    assert record["m"]["runs"][1:5] == saved[:4]
+
+
+def test_a_run_made_again_takes_its_place(monkeypatch):
+    monkeypatch.setattr(h2h, "in_process", lambda name, kind, value: {"kind": kind, "new": name})
+    runs = [torch_run("1.0", 100, 1.0), memplan_run("least", 40, 1.1)]
+    h2h.run_again("m", runs, "memplan", "least")
+    assert runs[1] == {"kind": "memplan", "new": "m"}
+    assert runs[0] == torch_run("1.0", 100, 1.0)
