@@ -16,8 +16,8 @@ import pytest
 import torch
 from test_plan_file import hand_made_plan
 
-from memplan.compile.held_watch import GraphAgain, Held, HeldWatch, WaitingCalls
-from memplan.compile.room import Room, RoomsMade
+from memplan.compile.held_watch import GraphAgain, HeldWatch, WaitingCalls
+from memplan.compile.ledger import Entry, Held, Room, StepLedger
 from memplan.compile.step import StepKey
 from memplan.core.budget import Budget
 from memplan.core.errors import MemplanWarning
@@ -58,9 +58,7 @@ class _Backend:
         self.options = PlanOptions()
         self.plans: list[Plan] = []
         self.step: dict[Any, Plan] = {}
-        self.watches: dict[Any, HeldWatch] = {}
-        self.every_watch: dict[Any, list[HeldWatch]] = {}
-        self.rooms: RoomsMade = {}
+        self.ledger = StepLedger()
         self.parameters: dict[int, tuple[int, int]] = {}
         self.made = made
         self.asked: list[Partitioner] = []  # what each compile was asked
@@ -82,9 +80,15 @@ class _Backend:
             Resident(held=resident * MiB),
         )
         watch = HeldWatch(_run, plan, WaitingCalls(), again)
-        self.step[key], self.watches[key] = plan, watch
-        self.every_watch[key] = [watch]
+        self.step[key] = plan
+        self.ledger.enter(watch, key)
         return watch
+
+    def entry(self, key: StepKey, **changes: Any) -> Entry:
+        """The ledger's record of the watch running graph `key`, with `changes` made."""
+        run = self.ledger.running[key]
+        self.ledger.entries[run] = dataclasses.replace(self.ledger.entries[run], **changes)
+        return self.ledger.entries[run]
 
 
 def _second_planned_again(made: Plan, first_made_room: bool) -> tuple[_Backend, list[str]]:
@@ -93,10 +97,10 @@ def _second_planned_again(made: Plan, first_made_room: bool) -> tuple[_Backend, 
     second's plan is `made`, within or over the 60 MiB the first leaves it. Its next call
     is made (a step); the backend, and memplan's warnings said, are returned."""
     backend = _Backend(made)
-    first = backend.watch(FIRST, _plan("graph0", 50, 40), resident=0)
-    first.made_room = first_made_room
+    backend.watch(FIRST, _plan("graph0", 50, 40), resident=0)
+    backend.entry(FIRST, made_room=first_made_room)
     second = backend.watch(SECOND, _plan("graph1", 66, 10, resident=30, asked=70), resident=30)
-    second.refresh = True
+    backend.entry(SECOND, refresh=True)
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         second(torch.zeros(1))
@@ -112,13 +116,13 @@ def test_a_graph_planned_again_over_what_the_graphs_before_left_has_them_leave_i
     assert backend.step[SECOND].name == "graph1 again"
     assert backend.step[SECOND].step_peak == 104 * MiB
     # The first graph leaves the second its peak at its next step, and the user is told.
-    assert backend.watches[FIRST].room_for == {SECOND: Room(64 * MiB, 0)}
+    assert backend.entry(FIRST).asked == {SECOND: Room(64 * MiB, 0)}
     assert len(said) == 1 and "graph0 will be planned again to leave it room" in said[0]
 
 
 def test_where_the_graphs_before_leave_no_more_room_the_user_is_told_how_far_over() -> None:
     backend, said = _second_planned_again(OVER, first_made_room=True)
-    assert backend.watches[FIRST].room_for == {}
+    assert backend.entry(FIRST).asked == {}
     assert len(said) == 1
     assert said[0].startswith("graph1 again: planned again for the step, it peaks at 64.00 MiB")
     assert "the step at 104.00 MiB, 4.00 MiB above its budget of 100.00 MiB" in said[0]
@@ -129,7 +133,7 @@ def test_a_graph_planned_again_within_what_is_left_says_nothing(first_made_room:
     within = _plan("graph1 again", 58, 10, asked=60)
     backend, said = _second_planned_again(within, first_made_room)
     assert said == []
-    assert backend.step[SECOND].step_peak == 98 * MiB and backend.watches[FIRST].room_for == {}
+    assert backend.step[SECOND].step_peak == 98 * MiB and backend.entry(FIRST).asked == {}
 
 
 def _leaving_room_planned_again(made: Plan) -> _Backend:
@@ -139,8 +143,11 @@ def _leaving_room_planned_again(made: Plan) -> _Backend:
     backend = _Backend(made)
     first = backend.watch(FIRST, _plan("graph0", 50, 40), resident=0)
     backend.watch(SECOND, _plan("graph1", 30, 10, resident=40, asked=60), resident=40)
-    first.leaving = {SECOND: Room(30 * MiB, 0)}
-    first.worst = Held(Resident(held=20 * MiB), own_calls=1, own_planned=40 * MiB)
+    backend.entry(
+        FIRST,
+        leaving={SECOND: Room(30 * MiB, 0)},
+        over=Held(Resident(held=20 * MiB), own_calls=1, own_planned=40 * MiB),
+    )
     first(torch.zeros(1))
     return backend
 

@@ -32,7 +32,8 @@ from memplan.compile.inductor import (
     after_joint_passes,
     inductor_decompositions,
 )
-from memplan.compile.room import RoomsMade, make_room
+from memplan.compile.ledger import StepLedger
+from memplan.compile.room import make_room
 from memplan.compile.rounds import GraphSearch
 from memplan.compile.shape_dispatch import ShapeDispatch
 from memplan.compile.spinner import spinner
@@ -97,10 +98,9 @@ class MemplanBackend:
         self.parameters: dict[int, tuple[int, int]] = {}
         # Calls of the graphs whose backward has not run, for what they hold (held_watch.py).
         self.waiting = WaitingCalls()
-        self.watches: dict[StepKey, HeldWatch] = {}  # the step's graphs' watches, by key
-        # Each graph's watches at every size it has a plan for, and of earlier compiles.
-        self.every_watch: dict[StepKey, list[HeldWatch]] = {}
-        self.rooms: RoomsMade = {}  # the room each graph made for later ones (room.py)
+        # What is to be planned again at run time, and why, by the graphs' watches: which
+        # runs each graph now, every one of each, and the room each made (ledger.py).
+        self.ledger = StepLedger()
 
     @property
     def predicted_step_peak(self) -> int:
@@ -150,24 +150,22 @@ class MemplanBackend:
         the budget are told (make_room)."""
         again = GraphAgain(self, gm, key, name, resident, sizes)
         watch = HeldWatch(compiled, plan, self.waiting, again)
-        self.every_watch.setdefault(key, []).append(watch)
-        self.running(key, watch)
-        make_room(self.watches, self.step, key, self.parameters)
+        self.ledger.enter(watch, key)
+        self.step[key] = plan
+        make_room(self.ledger, self.step, key, self.parameters)
         return watch
 
     def running(self, key: StepKey, watch: HeldWatch) -> None:
         """`watch` runs graph `key` in the step now: at the sizes of this call, for a graph
         of dynamic shapes, whose plan the graphs after it then count."""
         self.step[key] = watch.plan
-        self.watches[key] = watch
+        self.ledger.runs(key, watch)
 
     def reset(self) -> None:
         """Forget the step: torch._dynamo.reset() calls it (through torch.compile's
         wrapper), and Dynamo then numbers its frames and compiles from 0 again."""
         self.step.clear()
-        self.watches.clear()
-        self.every_watch.clear()
-        self.rooms.clear()
+        self.ledger.forget_step()
         self._graphs_of.clear()
 
     def compile(

@@ -20,7 +20,7 @@ graphs is not seen.
 
 Across graph breaks a graph before one left under its least (room.make_room, which
 warns) is planned again at its next step, once, with the most a later graph left short
-needs (room.Room: its peak, with what the graphs between hold) taken as resident; or at
+needs (ledger.Room: its peak, with what the graphs between hold) taken as resident; or at
 its first call, where it made that room before at the same shapes. The later graph
 runs only between their forwards and their backwards, so the round kept is the fastest
 whose own peak holds the budget with that room given back and whose bytes kept for the
@@ -31,7 +31,8 @@ room in turn, or, where they can leave no more, the user is told. While a graph 
 the step also holds the parameters only the graphs after it take, and in its backward
 their gradients (`step_peaks`): where a graph compiled later takes an earlier graph's step
 over the budget so, the earlier one is planned again at its next step with them resident
-(room.make_room).
+(room.make_room). Which of these re-plans are pending, and why, the step ledger keeps
+(ledger.StepLedger); the watches carry them out.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 from torch.autograd.function import BackwardCFunction
 
-from memplan.compile.room import Room, RoomsMade, Shapes, make_room, shapes_of
+from memplan.compile.ledger import Held, Reason, StepLedger, room_for
+from memplan.compile.room import make_room, shapes_of
 from memplan.compile.step import later_parameters, resident_before, step_peaks
 from memplan.core.budget import Budget
 from memplan.core.errors import MemplanWarning
@@ -104,22 +106,6 @@ class _Waiting:
         alive = [t for t in (ref() for ref in self.outputs) if t is not None]
         tensors = (t.untyped_storage() for t in saved + alive if isinstance(t, torch.Tensor))
         return {s.data_ptr(): s.nbytes() for s in tensors if s.data_ptr() not in storages}
-
-
-@dataclass(frozen=True)
-class Held:
-    """What the calls waiting for their backward keep while a graph runs (`resident`: the
-    bytes, and as unplanned), how many of them are calls of that graph itself, and the
-    bytes the plans those ran keep (`Plan.held`, summed over them)."""
-
-    resident: Resident
-    own_calls: int = 0
-    own_planned: int = 0
-
-    def under(self, plan: Plan) -> int:
-        """What the waiting calls would hold had the graph's own calls run `plan`: each
-        keeps what its plan keeps, moved by how far `plan`'s held bytes differ."""
-        return self.resident.held + self.own_calls * plan.held - self.own_planned
 
 
 @dataclass
@@ -207,9 +193,7 @@ class Backend(Protocol):
     options: PlanOptions
     plans: list[Plan]
     step: dict[Any, Plan]  # by each graph's place in the step (step.StepKey)
-    watches: dict[Any, HeldWatch]  # the same graphs' watches
-    every_watch: dict[Any, list[HeldWatch]]  # each graph's watches, at every size
-    rooms: RoomsMade  # the rooms the graphs made for later graphs (room.py)
+    ledger: StepLedger  # what is to be planned again, by the graphs' watches
     parameters: dict[int, tuple[int, int]]  # the graphs' parameters' bytes (step_peaks)
 
     def compile(
@@ -275,24 +259,6 @@ class GraphAgain:
         )
         return dataclasses.replace(before, later=later, unplanned_step_peak=unplanned)
 
-    def refresh_later(self) -> None:
-        """Have the step's graphs after this one planned again, at their next step, for
-        what the graphs before them then hold: at every size they have a plan for (the
-        step's sizes come when they run)."""
-        keys = list(self.backend.step)
-        for key in keys[keys.index(self.key) + 1 :]:
-            for watch in self.backend.every_watch.get(key, []):
-                watch.refresh = True
-
-    def rooms_made(self, shapes: Shapes) -> dict[Hashable, Room]:
-        """The room this graph made before at its inputs' `shapes` (by another compile of
-        it: Dynamo's recompile with dynamic sizes), by the later graphs it was for."""
-        return dict(self.backend.rooms.get((self.key, shapes), {}))
-
-    def made(self, shapes: Shapes, rooms: dict[Hashable, Room]) -> None:
-        """This graph, run at inputs of `shapes`, made `rooms`."""
-        self.backend.rooms[(self.key, shapes)] = rooms
-
     def keep(self, plan: Plan, in_step: bool = True, in_plans: bool = True) -> None:
         """`plan` among the backend's plans (where `in_plans`) and, where `in_step`, as
         the graph's plan in the step."""
@@ -307,33 +273,21 @@ class HeldWatch:
     still waiting for their backward hold (the module's docstring). Where they held more
     than its plan allowed for, the rest of the step runs the graph's least-memory plan,
     and the graph is planned again (`again`) at its first call after none of its own
-    calls waits (the next step), for the most they held."""
+    calls waits (the next step), for the most they held. What is to be planned again,
+    and why, is the backend's step ledger's (ledger.StepLedger), by this watch."""
 
     def __init__(
-        self,
-        compiled: Callable[..., Any],
-        plan: Plan,
-        waiting: WaitingCalls,
-        again: GraphAgain | None = None,
+        self, compiled: Callable[..., Any], plan: Plan, waiting: WaitingCalls, again: GraphAgain
     ) -> None:
         self.compiled = compiled
         self.plan = plan  # of a graph of dynamic shapes, the plan made at its hints
         self.running = plan  # the plan `compiled` carries out: the least-memory one for now
         self.waiting = waiting
         self.again = again
+        self.ledger = again.backend.ledger
         self.replanned = self.warned = False
         self.checked_steps = 0
         self.checked = False  # whether a call of this step found earlier calls waiting
-        self.worst: Held | None = None  # the most held beyond what the plan allowed for
-        # Across graph breaks (room.make_room): the later graphs to leave room for at
-        # the graph's next step, with the room each needs (once: `made_room`), and whether
-        # the graphs before it changed what they hold, to be planned again for at its next
-        # step. The shapes of its first call's tensors, where the room it made is kept.
-        self.room_for: dict[Hashable, Room] = {}
-        self.leaving: dict[Hashable, Room] = {}  # the room its plan leaves
-        self.made_room = False
-        self.refresh = False
-        self.shapes: Shapes | None = None
 
     def __call__(self, *args: Any) -> Any:
         # AOTAutograd's boxed convention hands one list of arguments (and empties it).
@@ -341,48 +295,52 @@ class HeldWatch:
         # DDP's optimizer runs the compiled graphs on fake tensors while it compiles: no
         # call of the step, and no storage to read.
         real = not _fake(flat)
-        if real and self.shapes is None and self.again is not None:
-            self.shapes = shapes_of(flat)
-            if not self.made_room:  # as another compile of it did at these shapes
-                self.room_for = self.again.rooms_made(self.shapes) | self.room_for
+        if real and self._replannable and self.ledger.entries[self].shapes is None:
+            self.ledger.first_call(self, shapes_of(flat))
         checking = self.checked_steps < CHECKED_STEPS and real
-        pending = bool(self.room_for) or self.refresh
-        if pending and real and self.again is not None and not self.waiting.waiting_of(self):
+        # A step of this graph begins: what is pending for it is planned now.
+        begins = real and not self.waiting.waiting_of(self)
+        due = {request.reason for request in self.ledger.due(self)} if begins else set()
+        if due & {Reason.ROOM, Reason.REFRESH}:
             self._plan_for_the_step(list(flat), self.again)
-        if checking and not self.waiting.waiting_of(self):  # a step of this graph begins
-            if self.checked and self.worst is None:
+        if checking and begins:
+            if self.checked and Reason.HELD_OVER not in due:
                 self.checked_steps += 1
             self.checked = False
-            if self.worst is not None:
-                self._plan_again(list(flat), self.worst)
+            if Reason.HELD_OVER in due:
+                self._plan_again(list(flat))
         if checking and self.waiting.any():
             self.checked = True
             held = self.waiting.held_beyond(flat, self)
-            if self._check(held) and self.running is self.plan and self.again is not None:
+            if self._check(held) and self.running is self.plan and self._replannable:
                 self._least_for_now(list(flat), held)
         outputs = self.compiled(*args)
         if checking:
             self.waiting.add(outputs, self.running, self)
         return outputs
 
+    @property
+    def _replannable(self) -> bool:
+        """Whether the graph can be planned again: not once it was for what calls held."""
+        return self.ledger.entries[self].replannable
+
     def _plan_for_the_step(self, args: list[Any], again: GraphAgain) -> None:
         """The graph planned again across graph breaks (make_room), for what the graphs
-        before it hold now: with the room the graphs `room_for` need (the most, of a later
-        graph's peak with what the graphs between hold) taken as resident too, the round
-        kept the fastest that holds with the room given back for its own peak
+        before it hold now: with the room the later graphs asked of it (ROOM: the most, of
+        a later graph's peak with what the graphs between hold) taken as resident too, the
+        round kept the fastest that holds with the room given back for its own peak
         (Partitioner.room), kept where it holds less for its backward than the plan it
-        had; else (`refresh`), with the room it leaves already (`leaving`), kept where it
-        peaks no higher than that plan or within its budget and keeps no more than that
-        plan did with what the graphs before it let go of, that plan staying otherwise.
-        Where what it holds changed, the graphs after it are planned again in turn."""
-        asked, self.room_for, self.refresh = self.room_for, {}, False
+        had; else (REFRESH), with the room it leaves already, kept where it peaks no
+        higher than that plan or within its budget and keeps no more than that plan did
+        with what the graphs before it let go of, that plan staying otherwise. Where what
+        it holds changed, the graphs after it are planned again in turn."""
+        # Planned again for what the graphs before hold, it still leaves the room it left.
+        asked, later = self.ledger.take_step(self)
         now = again.resident_now()
         if not asked and now == again.resident:
             return
         again.resident = now
-        # Planned again for what the graphs before hold, it still leaves the room it left.
-        later = {**self.leaving, **asked}
-        needed, beyond = _room_for(later, now)
+        needed, beyond = room_for(later, now)
         room = dataclasses.replace(
             now,
             held=now.held + beyond,
@@ -391,7 +349,6 @@ class HeldWatch:
             ),
         )
         why = f"leaving {format_bytes(needed)} for later graphs" if later else ""
-        self.made_room = self.made_room or bool(asked)
         held_before = self.plan.held
         compiled, plan = again.plan(args, room, why, beyond)
         step_budget = again.backend.budget.resolve(plan.unplanned_step_peak)
@@ -408,9 +365,7 @@ class HeldWatch:
         if not made:
             compiled, plan = self.compiled, self.plan
         elif later:
-            self.leaving = later
-            if self.shapes is not None:
-                again.made(self.shapes, later)
+            self.ledger.left(self, later)
         # Resident: what the graphs before hold (the room is a later graph's, not
         # resident while this one runs); asked, and held to where it holds: the step's
         # budget less that.
@@ -421,8 +376,8 @@ class HeldWatch:
         again.keep(plan, in_plans=made)
         self.compiled, self.plan, self.running = compiled, plan, plan
         self.checked_steps = 0  # its calls are checked again
-        if plan.held != held_before:
-            again.refresh_later()
+        if plan.held != held_before:  # the graphs after it were planned for what it held
+            self.ledger.refresh_after(list(again.backend.step), again.key)
         if plan.peak > asked:
             self._over_as_planned_again(again, step_budget)
 
@@ -433,7 +388,7 @@ class HeldWatch:
         (room.make_room, which says so), or, where none can, the user is told how far over
         the step is."""
         backend, plan = again.backend, self.plan
-        if make_room(backend.watches, backend.step, again.key, backend.parameters):
+        if make_room(backend.ledger, backend.step, again.key, backend.parameters):
             return
         # The later graphs' gradients are held in its backward only (step_peaks).
         step_peak = step_peaks(backend.step, backend.parameters)[again.key]
@@ -453,8 +408,7 @@ class HeldWatch:
         held) to run the rest of the step, once: found over at this call, the step's later
         calls of it (the rest of a deep model's blocks) would each keep what the plan
         allowed for one, and on a device the step would run out of memory before the
-        next one is planned for them. What it ran is the `worst` planned again for."""
-        assert self.again is not None
+        next one is planned for them. What it ran is what is planned again for (HELD_OVER)."""
         step_budget = self.plan.asked + self.plan.resident
         least = dataclasses.replace(held.resident, held=step_budget)
         self.compiled, self.running = self.again.plan(args, least, "least, for the step")
@@ -472,7 +426,8 @@ class HeldWatch:
         over = bytes_held - plan.resident - (room if self.replanned else max(0, room))
         if over <= 0:
             return False
-        if self.worst is not None and bytes_held <= self.worst.resident.held:
+        worst = self.ledger.entries[self].over  # the most held over the plan so far
+        if worst is not None and bytes_held <= worst.resident.held:
             return True
         if not self.warned and bytes_held <= plan.resident:
             # Over by its own peak alone: planned again for more than is held now, it is
@@ -501,18 +456,18 @@ class HeldWatch:
                 + (
                     f"{why}; the step's later calls run its least-memory plan, and it is "
                     "planned again for them at its next step"
-                    if self.again
+                    if self._replannable
                     else why
                 ),
                 MemplanWarning,
                 stacklevel=3,
             )
         self.warned = True
-        if self.again is not None:
-            self.worst = held
+        if self._replannable:
+            self.ledger.found_over(self, held)
         return True
 
-    def _plan_again(self, args: list[Any], held: Held) -> None:
+    def _plan_again(self, args: list[Any]) -> None:
         """The graph planned again for what earlier calls held at most, once. Its own
         earlier calls keep what its new plan keeps: planned with more held resident, it
         recomputes more, and they keep less. So what they would hold under a plan is
@@ -521,15 +476,15 @@ class HeldWatch:
         are bisected (FIXED_POINT_ROUNDS plans after the first, each a compile) for the
         plan with the most room whose peak, with what would be held under it, is predicted
         within the step's budget; where none is found, the least-memory plan (best
-        effort). Where it leaves later graphs room (`leaving`), each plan leaves it too."""
-        self.worst, again = None, self.again
-        assert again is not None  # what is worst is kept only to plan again
+        effort). Where it leaves later graphs room, each plan leaves it too."""
+        held, again = self.ledger.take_over(self), self.again
         # Its next calls are checked again, and said of where the step is still over.
-        self.again, self.replanned, self.warned, self.checked_steps = None, True, False, 0
+        self.replanned, self.warned, self.checked_steps = True, False, 0
         # It still leaves the later graphs the room it left them (make_room): taken as
         # resident, and given back for its own peak (Partitioner.room).
-        needed, beyond = _room_for(self.leaving, again.resident)
-        why = f"leaving {format_bytes(needed)} for later graphs" if self.leaving else ""
+        leaving = self.ledger.entries[self].leaving
+        needed, beyond = room_for(leaving, again.resident)
+        why = f"leaving {format_bytes(needed)} for later graphs" if leaving else ""
 
         def tried(resident: int) -> tuple[Callable[..., Any], Plan, bool]:
             taken = dataclasses.replace(held.resident, held=resident + beyond)
@@ -565,11 +520,3 @@ def peak_with_room(plan: Plan, room: int) -> int:
     peak without them, and what it keeps for its backward, which they are resident with
     (compile/search.py's `holds`)."""
     return max(plan.peak - room, plan.held) if room else plan.peak
-
-
-def _room_for(rooms: dict[Hashable, Room], resident: Resident) -> tuple[int, int]:
-    """The most the later graphs a graph leaves `rooms` for need, and of it what is not
-    taken as resident already: their peaks count their parameters and gradients, which
-    are (`resident.later`) for the whole graph."""
-    needed = max((room.needed for room in rooms.values()), default=0)
-    return needed, max(0, needed - resident.later)

@@ -2,11 +2,12 @@
 
 A graph Dynamo traced with symbolic sizes is planned at its hints, and that plan runs at
 any sizes where its prediction holds the budget; elsewhere the graph is planned and
-compiled again for the call's sizes, up to MAX_SHAPE_PLANS per graph. Either way, what
-the graphs before it in the step hold is what they hold at the sizes they ran at in this
-step, and the plan that runs at a call's sizes is the graph's plan in the step while the
-step runs at them (the backend's `watched`: so the graphs after it count what it holds
-there, and across graph breaks it leaves them room at those sizes).
+compiled again for the call's sizes (a NEW_SIZES re-plan of the step ledger), up to
+ledger.MAX_SHAPE_PLANS per compile of the graph. Either way, what the graphs before it in
+the step hold is what they hold at the sizes they ran at in this step, and the plan that
+runs at a call's sizes is the graph's plan in the step while the step runs at them (the
+backend's `watched`: so the graphs after it count what it holds there, and across graph
+breaks it leaves them room at those sizes).
 """
 
 from __future__ import annotations
@@ -19,15 +20,12 @@ from typing import Any
 import torch
 
 from memplan.compile.held_watch import Backend, HeldWatch
+from memplan.compile.ledger import MAX_SHAPE_PLANS
 from memplan.compile.step import later_parameters, resident_before
 from memplan.core.errors import MemplanWarning
 from memplan.core.units import format_bytes
 from memplan.planner.partitioner import Partitioner
 from memplan.planner.shapes import ShapeSignature, SizeSymbol, describe, signature_of
-
-# Per graph of dynamic shapes: how many sizes may get plans of their own. Each costs a
-# trace, a profile and a compile; past the bound, calls run the plan made at the hints.
-MAX_SHAPE_PLANS = 8
 
 
 class ShapeDispatch:
@@ -52,7 +50,6 @@ class ShapeDispatch:
         self.compiled = compiled  # the plan made at the hints, compiled
         self.key = key
         self.runs: dict[ShapeSignature, HeldWatch] = {generic.sizes: run}
-        self.specialized = 0
 
     def __call__(self, *args: Any) -> Any:
         # AOTAutograd's boxed convention hands one list of arguments (and empties it).
@@ -86,7 +83,8 @@ class ShapeDispatch:
             budget=asked if plan.peak <= asked else plan.peak,
         )
         compiled = self.compiled
-        if plan.peak > asked and self.specialized >= MAX_SHAPE_PLANS:
+        replan = self.backend.ledger.new_sizes(self, self.key, holds=plan.peak <= asked)
+        if replan is None and plan.peak > asked:
             warnings.warn(
                 f"{self.generic.name} at sizes {describe(sizes)}: the plan made at "
                 f"{describe(self.generic.sizes)} predicts {format_bytes(plan.peak)}, above "
@@ -95,8 +93,7 @@ class ShapeDispatch:
                 MemplanWarning,
                 stacklevel=3,
             )
-        elif plan.peak > asked:
-            self.specialized += 1
+        elif replan is not None:
             partitioner = Partitioner(self.backend.budget, self.backend.options, name=name)
             partitioner.sizes = sizes
             partitioner.resident = resident

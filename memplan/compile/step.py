@@ -12,8 +12,6 @@ import itertools
 from collections.abc import Hashable, Sequence
 from typing import Any, NamedTuple
 
-import torch
-
 from memplan.planner.plan import Resident
 from memplan.planner.plan_file import Plan
 
@@ -35,6 +33,10 @@ def graph_key(
     frame, index of the graph in the frame's compile, ids of the parameters it takes);
     (-1, n, ...) outside a frame. `graphs_of` counts the graphs so far per Dynamo compile
     id; `parameters` gets the bytes of each parameter taken, and of its gradient."""
+    # Imported here: the rest of the module is arithmetic on plans, which the step ledger
+    # (ledger.py) uses without torch.
+    import torch
+
     compile_id = torch._guards.CompileContext.current_compile_id()
     index = graphs_of.get(compile_id, 0)
     graphs_of[compile_id] = index + 1
