@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
 from memplan.core.budget import Budget
@@ -32,13 +33,16 @@ def optimize(
     solver: str = "greedy",
     *,
     reuse: Plan | None = None,
+    optimizer: torch.optim.Optimizer | str | None = None,
     **options: Any,
 ) -> PlannedModule:
     """A module that trains like `model` with peak memory within `budget`.
 
     `options` are PlanOptions fields (offload, bandwidth, measure, time_limit, seed, ...);
-    `reuse` applies a saved Plan's decisions instead of solving again.
+    `reuse` applies a saved Plan's decisions instead of solving again; `optimizer` (an
+    Optimizer, or "adamw", "adam", "sgd") has the budget count its state
+    (planner/outside.py).
     """
     parsed = Budget.parse(budget)
-    planning = keyword_options(("budget", "reuse"), solver=solver, **options)
-    return plan_module(model, example_inputs, parsed, planning, reuse=reuse)
+    planning = keyword_options(("budget", "reuse", "optimizer"), solver=solver, **options)
+    return plan_module(model, example_inputs, parsed, planning, reuse=reuse, optimizer=optimizer)

@@ -134,3 +134,30 @@ def test_the_blocks_live_at_the_peak_on_gpu_are_named_by_their_python_frames() -
     innermost frames outside torch's files (the step's own, in test_verify.py)."""
     groups = check_blocks_live_at_peak(CUDA)
     assert all("test_verify.py" in g.site for g in groups)
+
+
+def _outside_on_gpu(other_bytes: int) -> tuple[int, int]:
+    """The optimizer state and other tensors a backend counts outside a small GPT-2's
+    graph, with `other_bytes` more allocated on the GPU; and AdamW's moments' bytes."""
+    torch._dynamo.reset()
+    example = small_gpt2()
+    model = example.model.to(CUDA)
+    inputs = [x.to(CUDA) for x in example.inputs]
+    other = torch.empty(other_bytes, dtype=torch.uint8, device=CUDA)  # another model's
+    optimizer = torch.optim.AdamW(model.parameters())
+    backend = memplan.backend(budget="95%", optimizer=optimizer, progress=False)
+    model.compile(backend=backend)
+    model(*inputs).backward()
+    del other
+    assert backend.plans and backend.plans[-1].outside == backend.outside.total
+    moments = 2 * sum(p.nbytes for p in model.parameters() if p.requires_grad)
+    assert backend.outside.optimizer_state == moments
+    return backend.outside.other, moments
+
+
+def test_what_else_is_allocated_on_the_gpu_is_counted_outside_the_graph() -> None:
+    without, _ = _outside_on_gpu(0)
+    with_more, _ = _outside_on_gpu(8 * 2**20)
+    # The allocator rounds blocks up to 512 bytes; the rest allocated (cuBLAS's workspace)
+    # is there in both.
+    assert abs(with_more - without - 8 * 2**20) <= 2**20

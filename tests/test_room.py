@@ -22,6 +22,7 @@ from memplan.compile.step import StepKey
 from memplan.core.budget import Budget
 from memplan.core.errors import MemplanWarning
 from memplan.planner.options import PlanOptions
+from memplan.planner.outside import Outside
 from memplan.planner.partitioner import Partitioner
 from memplan.planner.plan import Resident
 from memplan.planner.plan_file import Plan
@@ -60,6 +61,7 @@ class _Backend:
         self.step: dict[Any, Plan] = {}
         self.ledger = StepLedger()
         self.parameters: dict[int, tuple[int, int]] = {}
+        self.outside = Outside()  # no optimizer state
         self.made = made
         self.asked: list[Partitioner] = []  # what each compile was asked
 

@@ -8,9 +8,10 @@ is the one whose step, as Inductor compiles it, best holds the budget (rounds.py
 the policy of search.py): `Plan.compiled_peak` is the prediction of what runs, read from
 Inductor's compile, not measured. Each graph Dynamo hands over (one per graph break) is
 planned so that the step stays within the budget: the bytes the graphs before it keep
-for their backwards stay resident while it runs, and a share is of the step's unplanned
-peak. A graph called again while earlier calls hold more than its plan allowed for is
-planned again for what they held (held_watch.py).
+for their backwards stay resident while it runs, as does what the step holds outside its
+graphs (the optimizer's state, and on a GPU any other tensor allocated: planner/outside.py),
+and a share is of the step's unplanned peak. A graph called again while earlier calls
+hold more than its plan allowed for is planned again for what they held (held_watch.py).
 
 A graph Dynamo traced with dynamic shapes is planned at its traced sizes and runs at any
 (planner/shapes.py); at sizes where that plan exceeds the budget it is planned again
@@ -21,6 +22,8 @@ kept on disk by the graph's structure (planner/plan_cache.py).
 
 from __future__ import annotations
 
+import dataclasses
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,6 +46,7 @@ from memplan.core.errors import (
     MemplanError,
 )
 from memplan.planner.options import keyword_options
+from memplan.planner.outside import Outside, check_room, optimizer_kind, outside_of
 from memplan.planner.partitioner import Partitioner
 from memplan.planner.plan import Resident
 from memplan.planner.plan_file import Plan
@@ -50,7 +54,7 @@ from memplan.planner.shapes import ShapeSignature, signature_of, size_symbols
 
 INNER_COMPILERS = ("inductor", "eager")
 # The backend's parameters besides PlanOptions' fields (named where an option is unknown).
-OWN_OPTIONS = ("budget", "inner", "inductor_config", "reuse")
+OWN_OPTIONS = ("budget", "inner", "inductor_config", "reuse", "optimizer")
 
 
 class MemplanBackend:
@@ -63,11 +67,20 @@ class MemplanBackend:
         inner: str = "inductor",
         inductor_config: dict[str, Any] | None = None,
         reuse: Plan | None = None,
+        optimizer: torch.optim.Optimizer | str | None = None,
         **options: Any,
     ) -> None:
         if inner not in INNER_COMPILERS:
             raise MemplanError(f"inner compiler must be one of {INNER_COMPILERS}, got {inner!r}")
         self.budget = Budget.parse(budget)
+        # The optimizer whose state the budget counts beside the graphs (outside.py): an
+        # Optimizer, or its kind, counted over the trainable parameters the graphs take.
+        optimizer_kind(optimizer)
+        self.optimizer = optimizer
+        self.outside = Outside()
+        self._trainable: weakref.WeakValueDictionary[int, torch.nn.Parameter] = (
+            weakref.WeakValueDictionary()
+        )
         # Inductor fuses pointwise ops away: the solver prices them as it runs them.
         defaults = {"best_effort": True, "fused_pointwise": inner == "inductor"}
         self.options = keyword_options(OWN_OPTIONS, solver=solver, **{**defaults, **options})
@@ -123,7 +136,9 @@ class MemplanBackend:
         partitioner = Partitioner(self.budget, self.options, name=name, reuse=self.reuse)
         partitioner.sizes = signature_of(symbols, example_inputs)
         key = graph_key(example_inputs, self._graphs_of, self.parameters)
-        partitioner.resident = resident_before(self.step, key)
+        self.outside = self._outside(example_inputs, first=next(iter(self.step), key) == key)
+        check_room(self.budget, self.outside)
+        partitioner.resident = resident_before(self.step, key, self.outside.total)
         compiled = self.compile(gm, example_inputs, partitioner)
         if not partitioner.plans:  # no backward: nothing planned
             return compiled
@@ -133,6 +148,24 @@ class MemplanBackend:
             run = ShapeDispatch(self, gm, symbols, partitioner, compiled, key, run)
         # Dynamo runs what a backend returns inside the compiled frame: not to be traced.
         return torch.compiler.disable(run, reason="memplan checks what the step holds")
+
+    def _outside(self, example_inputs: Sequence[Any], first: bool) -> Outside:
+        """What the step holds outside its graphs as a graph compiles: the optimizer's
+        state over the parameters known now, and, measured as the step's first graph
+        compiles (later ones would count what earlier graphs hold for their backwards),
+        what else is allocated on the device (outside.outside_of)."""
+        tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
+        device = tensors[0].device if tensors else torch.device("cpu")
+        self._trainable.update(
+            {id(x): x for x in tensors if isinstance(x, torch.nn.Parameter) and x.requires_grad}
+        )
+        optimizer = self.optimizer
+        if isinstance(optimizer, torch.optim.Optimizer):
+            parameters = [p for group in optimizer.param_groups for p in group["params"]]
+        else:
+            parameters = list(self._trainable.values())
+        found = outside_of(optimizer, parameters, tensors, device)
+        return found if first else dataclasses.replace(found, other=self.outside.other)
 
     def watched(
         self,
@@ -219,11 +252,14 @@ def backend(
     inner: str = "inductor",
     inductor_config: dict[str, Any] | None = None,
     reuse: Plan | None = None,
+    optimizer: torch.optim.Optimizer | str | None = None,
     **options: Any,
 ) -> MemplanBackend:
     """A memplan backend for torch.compile with the given budget, solver and inner compiler
     (`inductor_config`: settings of torch._inductor.config to compile under). `reuse`
     carries out the decisions of a Plan a backend made (one of `plans`) instead of solving;
     the budget is then what the compiled graphs are checked against. A plan of
-    memplan.optimize or the CLI is of another trace (PlanFileError)."""
-    return MemplanBackend(budget, solver, inner, inductor_config, reuse, **options)
+    memplan.optimize or the CLI is of another trace (PlanFileError). `optimizer` (an
+    Optimizer, or "adamw", "adam", "sgd") has the budget count the state it holds once it
+    has stepped (planner/outside.py)."""
+    return MemplanBackend(budget, solver, inner, inductor_config, reuse, optimizer, **options)

@@ -252,7 +252,7 @@ class GraphAgain:
         the parameters of those after it, with their gradients (later_parameters); the
         step's unplanned peak, of all its graphs."""
         step = self.backend.step
-        before = resident_before(step, self.key)
+        before = resident_before(step, self.key, self.backend.outside.total)
         later = sum(later_parameters(step, self.key, self.backend.parameters))
         unplanned = max(
             [before.unplanned_step_peak, *(p.unplanned_step_peak for p in step.values())]
@@ -366,10 +366,10 @@ class HeldWatch:
             compiled, plan = self.compiled, self.plan
         elif later:
             self.ledger.left(self, later)
-        # Resident: what the graphs before hold (the room is a later graph's, not
-        # resident while this one runs); asked, and held to where it holds: the step's
-        # budget less that.
-        asked = max(1, step_budget - now.held - now.later)
+        # Resident: what the graphs before and the step outside them hold (the room is a
+        # later graph's, not resident while this one runs); asked, and held to where it
+        # holds: the step's budget less that.
+        asked = max(1, step_budget - now.held - now.later - now.outside)
         holds = plan.status != "best-effort" and plan.peak <= asked
         held_to = asked if holds else plan.budget
         plan = dataclasses.replace(plan, resident=now.held, requested_budget=asked, budget=held_to)
@@ -409,7 +409,7 @@ class HeldWatch:
         calls of it (the rest of a deep model's blocks) would each keep what the plan
         allowed for one, and on a device the step would run out of memory before the
         next one is planned for them. What it ran is what is planned again for (HELD_OVER)."""
-        step_budget = self.plan.asked + self.plan.resident
+        step_budget = self.plan.step_budget
         least = dataclasses.replace(held.resident, held=step_budget)
         self.compiled, self.running = self.again.plan(args, least, "least, for the step")
         # Not the graph's plan in the step: it was planned with all of the budget taken
@@ -437,7 +437,7 @@ class HeldWatch:
                 f"calls, peaks at {format_bytes(plan.peak)} on its own, the least found for "
                 f"what that left of the budget: with the {format_bytes(bytes_held)} they hold "
                 f"now, this step peaks about {format_bytes(over)} over its budget of "
-                f"{format_bytes(plan.asked + plan.resident)}",
+                f"{format_bytes(plan.step_budget)}",
                 MemplanWarning,
                 stacklevel=3,
             )
@@ -452,7 +452,7 @@ class HeldWatch:
                 f"{plan.name} ran while earlier calls still held {format_bytes(bytes_held)} "
                 f"for their backward: with its own peak of {format_bytes(plan.peak)}, this "
                 f"step peaks about {format_bytes(over)} or more over its budget of "
-                f"{format_bytes(plan.asked + plan.resident)}. "
+                f"{format_bytes(plan.step_budget)}. "
                 + (
                     f"{why}; the step's later calls run its least-memory plan, and it is "
                     "planned again for them at its next step"
@@ -491,11 +491,11 @@ class HeldWatch:
             compiled, plan = again.plan(args, taken, why, beyond)
             # Its own peak, and what it keeps while a later graph runs in the room.
             peak = peak_with_room(plan, beyond) + beyond
-            return compiled, plan, held.under(plan) + peak <= plan.asked + plan.resident
+            return compiled, plan, held.under(plan) + peak <= plan.step_budget
 
         high = held.resident.held  # what the calls held
         compiled, plan, holds = tried(high)
-        step_budget = plan.asked + plan.resident
+        step_budget = plan.step_budget
         if holds:  # what they would hold under it: less, but too little to plan for
             low = held.under(plan)
         elif held.own_calls:  # its calls keep more under it than under the old plan

@@ -164,7 +164,7 @@ class StepLedger:
         the step's budget), though within the budget alone, each graph before it that did
         not make room yet leaves it room at its next step, once."""
         plan = step[key]
-        step_budget = plan.asked + plan.resident
+        step_budget = plan.step_budget
         requests = [Replan(seen, Reason.REFRESH) for seen in self._refreshed(step, key, parameters)]
         if plan.peak - plan.asked <= ROOM_SLACK * step_budget or plan.peak > step_budget:
             return RoomAsked(tuple(requests), leaving=False)
@@ -190,7 +190,7 @@ class StepLedger:
     ) -> list[Hashable]:
         """The graphs before graph `key` now refreshed for the parameters of those after."""
         plan = step[key]
-        step_budget = plan.asked + plan.resident
+        step_budget = plan.step_budget
         peaks = step_peaks(step, parameters)
         refreshed = []
         for seen in keys_before(step, key):

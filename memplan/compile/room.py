@@ -46,7 +46,7 @@ def make_room(
     it room at its next step."""
     asked = ledger.ask_room(step, key, parameters)
     plan = step[key]
-    step_budget = plan.asked + plan.resident
+    step_budget = plan.step_budget
     peaks = step_peaks(step, parameters) if asked.requests else {}
     for request in asked.requests:
         if request.reason is not Reason.REFRESH:

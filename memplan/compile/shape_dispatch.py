@@ -71,13 +71,15 @@ class ShapeDispatch:
         name = f"{self.generic.name}[{describe(sizes)}]"
         step = self.backend.step
         later = sum(later_parameters(step, self.key, self.backend.parameters))
-        resident = dataclasses.replace(resident_before(step, self.key), later=later)
+        before = resident_before(step, self.key, self.backend.outside.total)
+        resident = dataclasses.replace(before, later=later)
         plan = self.generic.at_sizes(sizes)
         asked = resident.budget_of(self.backend.budget, plan.unplanned_peak)
         plan = dataclasses.replace(
             plan,
             name=name,
             resident=resident.held,
+            outside=resident.outside,
             unplanned_step_peak=resident.step_unplanned(plan.unplanned_peak),
             requested_budget=asked,
             budget=asked if plan.peak <= asked else plan.peak,

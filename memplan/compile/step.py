@@ -54,14 +54,15 @@ def keys_before(step: dict[Any, Plan], key: Hashable) -> list[Hashable]:
     return list(itertools.takewhile(lambda seen: seen != key, step))
 
 
-def resident_before(step: dict[Any, Plan], key: Hashable) -> Resident:
+def resident_before(step: dict[Any, Plan], key: Hashable, outside: int) -> Resident:
     """What the graphs of `step` (backends.MemplanBackend.step) compiled before graph `key`
-    first was hold."""
+    first was hold, with `outside`, what the step holds outside its graphs."""
     earlier = [step[seen] for seen in keys_before(step, key)]
     return Resident(
         held=sum(p.held for p in earlier),
         unplanned_held=sum(p.unplanned_held for p in earlier),
         unplanned_step_peak=max((p.unplanned_step_peak for p in earlier), default=0),
+        outside=outside,
     )
 
 
@@ -98,5 +99,5 @@ def step_peaks(step: dict[Any, Plan], parameters: dict[int, tuple[int, int]]) ->
         held, made = later_parameters(step, key, parameters)
         outputs = plan.output_bytes if index + 1 < len(step) else 0
         own = max(plan.peak, plan.backward_peak - outputs + made)
-        peaks[key] = plan.resident + held + own
+        peaks[key] = plan.resident + plan.outside + held + own
     return peaks

@@ -17,7 +17,9 @@ from memplan.core.budget import Budget
 from memplan.core.errors import MemplanError
 from memplan.planner.capture import Compiled, compile_training_step
 from memplan.planner.options import PlanOptions
+from memplan.planner.outside import check_room, outside_of
 from memplan.planner.partitioner import Partitioner
+from memplan.planner.plan import Resident
 from memplan.planner.plan_file import Plan
 
 
@@ -69,10 +71,18 @@ def plan_module(
     options: PlanOptions,
     *,
     reuse: Plan | None = None,
+    optimizer: torch.optim.Optimizer | str | None = None,
 ) -> PlannedModule:
     """A module that trains like `model` with peak memory within `budget`; `reuse` applies
-    a saved Plan's decisions instead of solving again."""
+    a saved Plan's decisions instead of solving again; the budget counts what the step
+    holds outside its graph (`optimizer`'s state; on a GPU, other tensors: outside.py)."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    tensors = [*model.parameters(), *model.buffers(), *example_inputs]
+    device = trainable[0].device if trainable else torch.device("cpu")
+    outside = outside_of(optimizer, trainable, tensors, device)
+    check_room(budget, outside)
     partitioner = Partitioner(budget, options, name=type(model).__name__, reuse=reuse)
+    partitioner.resident = Resident(outside=outside.total)
     compiled = compile_training_step(model, example_inputs, partitioner)
     if len(partitioner.plans) != 1:
         raise MemplanError("the model produced no trainable graph (do any outputs require grad?)")

@@ -35,35 +35,40 @@ from memplan.solvers.training import build_schedule
 
 @dataclass(frozen=True)
 class Resident:
-    """What earlier graphs of the step (before a graph break) hold while a graph runs: the
-    bytes their forwards keep for their backwards, as planned and as unplanned, and the
-    step's unplanned peak so far; and what later graphs do (`later`: the parameters only
-    they take, and their gradients, memplan.compile.step.later_parameters). A graph's budget is the
-    step's, less what they hold."""
+    """What the rest of the step holds while a graph runs. Earlier graphs of the step
+    (before a graph break): the bytes their forwards keep for their backwards, as planned
+    and as unplanned, and the step's unplanned peak so far. Later graphs (`later`): the
+    parameters only they take, and their gradients (memplan.compile.step.later_parameters).
+    The step itself (`outside`): what stays on the device for the whole step outside its
+    graphs, planned or not, the optimizer's state above all (planner/outside.py). A
+    graph's budget is the step's, less what they hold."""
 
     held: int = 0
     unplanned_held: int = 0
     unplanned_step_peak: int = 0
     later: int = 0
+    outside: int = 0
 
     def step_unplanned(self, unplanned_peak: int) -> int:
         """The step's unplanned peak, given a graph's own: the most of it, with what the
-        earlier graphs hold unplanned, and the step's peak before it."""
-        return max(self.unplanned_step_peak, unplanned_peak + self.unplanned_held)
+        earlier graphs hold unplanned and what the step holds outside its graphs, and the
+        step's peak before it."""
+        return max(self.unplanned_step_peak, unplanned_peak + self.unplanned_held + self.outside)
 
     def with_at_least(self, other: Resident) -> Resident:
         """What is resident, each count at least `other`'s."""
         return Resident(*(max(a, b) for a, b in zip(self.counts, other.counts, strict=True)))
 
     @property
-    def counts(self) -> tuple[int, int, int, int]:
-        return self.held, self.unplanned_held, self.unplanned_step_peak, self.later
+    def counts(self) -> tuple[int, int, int, int, int]:
+        return self.held, self.unplanned_held, self.unplanned_step_peak, self.later, self.outside
 
     def budget_of(self, budget: Budget, unplanned_peak: int) -> int:
         """A graph's budget in bytes, given its own unplanned peak: the step's budget less
-        what the earlier and later graphs hold (at least 1 byte)."""
+        what the earlier and later graphs and the step outside them hold (at least 1
+        byte)."""
         step_budget = budget.resolve(self.step_unplanned(unplanned_peak))
-        return max(1, step_budget - self.held - self.later)
+        return max(1, step_budget - self.held - self.later - self.outside)
 
 
 def plan_graph(
@@ -123,6 +128,7 @@ def plan_graph(
         held=kept,
         unplanned_held=kept_for_backward(graph, unplanned, reference.schedule.split),
         resident=resident.held,
+        outside=resident.outside,
         unplanned_step_peak=resident.step_unplanned(unplanned.peak),
         output_bytes=forward_outputs(graph),
     )

@@ -68,6 +68,9 @@ class Plan:
     unplanned_held: int = 0
     resident: int = 0
     unplanned_step_peak: int = 0
+    # What the step holds on the device outside its graphs for the whole step (optimizer
+    # state, planner/outside.py), which the budget counts.
+    outside: int = 0
     # The bytes of the graph's forward outputs, which its peaks count to the end of its
     # backward: in a step of several graphs, the next graph's inputs, freed by then unless
     # the caller holds them (memplan.compile.step.step_peaks). 0 in plans written before.
@@ -99,7 +102,14 @@ class Plan:
         """The step's predicted peak while this graph runs, as far as the plan knows: its own
         and what the graphs before it hold. The parameters of later graphs, and their
         gradients, are the step's to count (memplan.compile.step.step_peaks)."""
-        return self.peak + self.resident
+        return self.peak + self.resident + self.outside
+
+    @property
+    def step_budget(self) -> int:
+        """The step's budget in bytes, less the parameters and gradients of graphs after
+        this one: what the graph was asked to hold, with what the graphs before it and
+        the step outside them hold."""
+        return self.asked + self.resident + self.outside
 
     @property
     def asked(self) -> int:
@@ -232,6 +242,7 @@ _PLAN_FIELDS: dict[str, checks.Check] = {
     "unplanned_held": checks.count,
     "resident": checks.count,
     "unplanned_step_peak": checks.count,
+    "outside": checks.count,
     "output_bytes": checks.count,
     "compiled_peak": checks.count,
     "compiled_backward_peak": checks.count,

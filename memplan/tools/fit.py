@@ -124,7 +124,7 @@ def fit(
     started = time.perf_counter()
     state = training_state(example.model, optimizer, ranks)
     partitioner = Partitioner(budget, options, name=example.name)
-    partitioner.resident = Resident(held=state.outside, unplanned_held=state.outside)
+    partitioner.resident = Resident(outside=state.outside)
     seen: list[_Seen] = []
     partitioner.before_solving = _checker(state, budget, seen)
     plan, least = None, None

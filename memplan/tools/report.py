@@ -49,7 +49,10 @@ def summary_table(plan: Plan) -> Table:
     if plan.compiled_peak:
         table.add_row("as Inductor compiled it", format_bytes(plan.compiled_peak))
     if plan.resident:
-        table.add_row("held outside the graph", format_bytes(plan.resident))
+        table.add_row("held by earlier graphs", format_bytes(plan.resident))
+    if plan.outside:
+        table.add_row("held outside the graphs", format_bytes(plan.outside))
+    if plan.resident or plan.outside:
         table.add_row("step's predicted peak", format_bytes(plan.step_peak))
     if plan.arena > 0:  # plan files written before layouts have no arena
         over = ", [red]above the budget[/]" if plan.arena > plan.budget else ""
