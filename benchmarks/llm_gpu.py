@@ -24,9 +24,10 @@ important first, so that a cut-off campaign keeps them):
   the target's roofline) at FIT_SHARE of the device's memory, its plan then carried out
   on the device by `memplan.optimize(reuse=...)`, or planned again there where the plan
   names tensors the device's trace lacks (its attention kernel is the CPU's).
-memplan's backend plans the graphs the step compiles; the optimizer's state is outside
-them, so it is given the step's budget less those 16 bytes per parameter (what the fit
-adds to its graph), and its prediction is the backend's predicted step peak plus them.
+memplan's backend plans the graphs the step compiles, told the optimizer: it counts the
+16 bytes per parameter outside them (AdamW's moments as its first step makes them, the
+masters and their gradients as held), and its prediction is the backend's predicted step
+peak, which holds them (`outside_bytes`: what it counted).
 
 Each method runs in a process of its own with empty caches, so that its first step (the
 compile included: `compile_s`, from the method's setup on, the fit's command line too)
@@ -292,13 +293,17 @@ def checkpointed(model: nn.Module) -> nn.Module:
     return model
 
 
-def memplan_setup(model: nn.Module, task: Task, budget: int, offload: bool, outside: int) -> Setup:
-    """torch.compile with memplan's backend at the step's `budget`, less the `outside`
-    bytes the optimizer holds beside the compiled graphs."""
+def memplan_setup(
+    model: nn.Module, task: Task, budget: int, offload: bool, optimizer: MixedPrecisionAdamW
+) -> Setup:
+    """torch.compile with memplan's backend at the step's `budget`, told the optimizer:
+    memplan counts AdamW's moments, the fp32 masters and their gradients beside the
+    compiled graphs (memplan/planner/outside.py)."""
     import memplan
 
     backend = memplan.backend(
-        budget=budget - outside,
+        budget=budget,
+        optimizer=optimizer.adamw,
         inner=task.inner,
         offload=offload,
         bandwidth=task.bandwidth if offload else None,
@@ -313,19 +318,19 @@ def full_ac_peak(task: Task) -> int:
     return task.full_ac_peak
 
 
-METHODS: dict[str, Callable[[nn.Module, Task, int], Setup]] = {
-    "no_ac": lambda model, task, outside: Setup(compiled(model, task.inner)),
-    "full_ac": lambda model, task, outside: Setup(compiled(checkpointed(model), task.inner)),
-    "memplan_at_full_ac": lambda model, task, outside: memplan_setup(
-        model, task, full_ac_peak(task), False, outside
+METHODS: dict[str, Callable[[nn.Module, Task, MixedPrecisionAdamW], Setup]] = {
+    "no_ac": lambda model, task, optimizer: Setup(compiled(model, task.inner)),
+    "full_ac": lambda model, task, optimizer: Setup(compiled(checkpointed(model), task.inner)),
+    "memplan_at_full_ac": lambda model, task, optimizer: memplan_setup(
+        model, task, full_ac_peak(task), False, optimizer
     ),
-    "memplan_offload": lambda model, task, outside: memplan_setup(
-        model, task, int(OFFLOAD_SHARE * full_ac_peak(task)), True, outside
+    "memplan_offload": lambda model, task, optimizer: memplan_setup(
+        model, task, int(OFFLOAD_SHARE * full_ac_peak(task)), True, optimizer
     ),
-    "torch_compile_budget": lambda model, task, outside: Setup(
+    "torch_compile_budget": lambda model, task, optimizer: Setup(
         compiled(model, task.inner), functorch={"activation_memory_budget": COMPILE_BUDGET}
     ),
-    "torch_offload": lambda model, task, outside: Setup(
+    "torch_offload": lambda model, task, optimizer: Setup(
         compiled(checkpointed(model), task.inner), offload=True
     ),
 }
@@ -344,11 +349,12 @@ def one_run(task: Task, record: dict[str, Any]) -> None:
         )
     example = example.to(device)
     optimizer = MixedPrecisionAdamW(list(example.model.parameters()))
+    record["parameters"] = sum(p.numel() for p in example.model.parameters())
     started = time.perf_counter()
     if task.method == "fit_prediction":
         setup = carried_out_fit(example.model, example.inputs, task, record)
     else:
-        setup = METHODS[task.method](example.model, task, optimizer.outside)
+        setup = METHODS[task.method](example.model, task, optimizer)
     record["budget_bytes"] = setup.budget
     losses: list[float] = record.setdefault("losses", [])
 
@@ -370,7 +376,8 @@ def one_run(task: Task, record: dict[str, Any]) -> None:
     record["tokens_per_s"] = task.batch * task.seq / seconds
     if setup.backend is not None:
         plans = setup.backend.plans
-        record["predicted_peak_bytes"] = setup.backend.predicted_step_peak + optimizer.outside
+        record["predicted_peak_bytes"] = setup.backend.predicted_step_peak
+        record["outside_bytes"] = setup.backend.outside.total
         record["graphs"] = setup.backend.graphs
         record["statuses"] = sorted({p.status for p in plans})
 

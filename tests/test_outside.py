@@ -115,3 +115,18 @@ def test_memplan_optimize_plans_within_the_budget_with_the_optimizer_state_besid
     assert plan.outside == _stepped_state(optimizer, model) > 0
     assert plan.requested_budget == 600 * 1024 - plan.outside
     assert plan.step_peak == plan.predicted_peak + plan.outside <= 600 * 1024
+
+
+def test_master_weights_beside_a_bf16_model_are_counted_with_their_gradients():
+    model = _model().to(torch.bfloat16)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    masters = [p.detach().float() for p in trainable]  # no module's: outside the graph
+    for master in masters:
+        master.grad = torch.zeros_like(master)
+    optimizer = torch.optim.AdamW(masters)
+    inputs = [*model.parameters(), torch.randn(4, 64, dtype=torch.bfloat16)]
+    outside = outside_of(optimizer, masters, inputs, CPU)
+    fp32 = sum(m.nbytes for m in masters)
+    assert fp32 == 2 * sum(p.nbytes for p in trainable)
+    assert outside == Outside(optimizer_state=2 * fp32, masters=2 * fp32)
+    assert "master weights" in outside.describe()

@@ -1,7 +1,8 @@
 """What a training step holds on the device outside its graphs, which a budget counts: the
-optimizer's state (what it holds now, and what its first step will create), and on a GPU
-whatever else is allocated there beyond the graph's own inputs (another model, a cache,
-the state of an optimizer memplan was not told of).
+optimizer's state (what it holds now, and what its first step will create), the master
+weights it updates beside a model's own, and on a GPU whatever else is allocated there
+beyond the graph's own inputs (another model, a cache, the state of an optimizer memplan
+was not told of).
 
 A budget is the device's peak for the whole step, what `torch.cuda.max_memory_allocated`
 reads; the graphs are planned for what this leaves of it (planner/plan.Resident.outside).
@@ -33,15 +34,19 @@ class Outside:
     there beyond the graph's inputs."""
 
     optimizer_state: int = 0
+    # The tensors an optimizer updates that the graph does not take, and their gradients:
+    # fp32 master weights beside a bf16 model's.
+    masters: int = 0
     other: int = 0
 
     @property
     def total(self) -> int:
-        return self.optimizer_state + self.other
+        return self.optimizer_state + self.masters + self.other
 
     def describe(self) -> str:
         parts = [
             f"optimizer state {format_bytes(self.optimizer_state)}" if self.optimizer_state else "",
+            f"master weights {format_bytes(self.masters)}" if self.masters else "",
             f"other tensors {format_bytes(self.other)}" if self.other else "",
         ]
         return ", ".join(filter(None, parts))
@@ -74,7 +79,7 @@ def optimizer_kind(optimizer: torch.optim.Optimizer | str | None) -> str:
 
 def optimizer_state_bytes(
     optimizer: torch.optim.Optimizer | str | None,
-    parameters: Iterable[torch.nn.Parameter],
+    parameters: Iterable[torch.Tensor],
     device: torch.device,
 ) -> int:
     """The bytes on `device` of `optimizer`'s state for `parameters` once it has stepped:
@@ -92,7 +97,7 @@ def optimizer_state_bytes(
         state = states.get(parameter)
         if state:  # held: counted as it is, for a frozen parameter too
             total += _tensor_bytes(state.values(), device)
-        elif parameter.requires_grad and parameter.device == device:
+        elif _trained(parameter) and parameter.device == device:
             total += copies * parameter.nbytes
     return total
 
@@ -109,21 +114,31 @@ def allocated_beyond(inputs: Sequence[Any], device: torch.device) -> int:
 
 def outside_of(
     optimizer: torch.optim.Optimizer | str | None,
-    parameters: Iterable[torch.nn.Parameter],
+    parameters: Sequence[torch.Tensor],
     inputs: Sequence[Any],
     device: torch.device,
 ) -> Outside:
     """What the step holds outside its graphs on `device`: the optimizer's state once it
-    has stepped, and the other tensors allocated there now beyond `inputs` and the state
-    the optimizer holds already (a GPU only)."""
+    has stepped; the tensors among `parameters` (what the optimizer updates) that are no
+    module's parameters and not among the graph's `inputs`, with their gradients (master
+    weights: a module's parameter is a graph's input, of this graph or a later one); and,
+    on a GPU, the other tensors allocated there now beyond those, the inputs and the
+    state held."""
     state = optimizer_state_bytes(optimizer, parameters, device)
+    taken = {x.untyped_storage().data_ptr() for x in inputs if isinstance(x, torch.Tensor)}
+    apart = [
+        p
+        for p in parameters
+        if not isinstance(p, torch.nn.Parameter) and p.untyped_storage().data_ptr() not in taken
+    ]
+    masters = _tensor_bytes([*apart, *(p.grad for p in apart if p.grad is not None)], device)
     held = (
         _tensor_bytes(_state_tensors(optimizer), device)
         if isinstance(optimizer, torch.optim.Optimizer)
         else 0
     )
-    other = max(0, allocated_beyond(inputs, device) - held)
-    return Outside(optimizer_state=state, other=other)
+    other = max(0, allocated_beyond(inputs, device) - held - masters)
+    return Outside(optimizer_state=state, masters=masters, other=other)
 
 
 def check_room(budget: Budget, outside: Outside) -> None:
@@ -135,6 +150,12 @@ def check_room(budget: Budget, outside: Outside) -> None:
             f"{format_bytes(outside.total)} the step holds outside its graphs "
             f"({outside.describe()})"
         )
+
+
+def _trained(parameter: torch.Tensor) -> bool:
+    """Whether an optimizer updates `parameter`: it takes gradients, or has one already (a
+    master weight, detached from the graph, is given its gradient by hand)."""
+    return parameter.requires_grad or parameter.grad is not None
 
 
 def _state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
