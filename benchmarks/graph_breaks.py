@@ -109,7 +109,7 @@ def _memplan(budget: str, model: nn.Module, inputs: tuple, eager: nn.Module) -> 
     kept = list(backend.step.values())
     return {
         "run": f"memplan {budget}",
-        "budget": max(p.asked + p.resident for p in kept),
+        "budget": max(p.step_budget for p in kept),
         "step1_predicted": first,
         "step_peaks": peaks,
         "peak": peaks[-1],

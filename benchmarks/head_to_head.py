@@ -127,7 +127,7 @@ def one_run(name: str, kind: str, value: str, stage: str = "all") -> dict[str, A
     if backend is not None:
         plans = backend.plans
         found["predicted"] = backend.predicted_step_peak
-        found["budget"] = max((p.budget + p.resident for p in plans), default=0)
+        found["budget"] = max((p.budget + p.resident + p.outside for p in plans), default=0)
         found["statuses"] = sorted({p.status for p in plans})
         found["rounds"] = sum(len(p.options.get("compiled_rounds", [])) for p in plans)
     return found

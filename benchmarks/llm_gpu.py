@@ -421,8 +421,8 @@ def carried_out_fit(
     if status:  # 1: no plan fits the budget; 2 or 3: an error (the log says which)
         raise RuntimeError(f"memplan plan exited {status} at the budget {task.fit_budget}")
     plan = memplan.Plan.load(path)
-    record["predicted_peak_bytes"] = plan.predicted_peak + plan.resident
-    record["unplanned_peak_bytes"] = plan.unplanned_peak + plan.resident
+    record["predicted_peak_bytes"] = plan.predicted_peak + plan.outside
+    record["unplanned_peak_bytes"] = plan.unplanned_peak + plan.outside
     report(record)
     options = {"measure": False, "device_spec": target(device_name), "progress": False}
     options |= {"offload": True, "bandwidth": task.bandwidth, "best_effort": True}
@@ -432,8 +432,8 @@ def carried_out_fit(
     except PlanFileError as error:
         planned = memplan.optimize(model, inputs, plan.budget, **options)
         record["carried_out"] = f"planned again on the device: {error}"
-        record["replanned_peak_bytes"] = planned.plan.predicted_peak + plan.resident
-    return Setup(planned, budget=plan.budget + plan.resident)
+        record["replanned_peak_bytes"] = planned.plan.predicted_peak + plan.outside
+    return Setup(planned, budget=plan.budget + plan.outside)
 
 
 def host_link(device: torch.device) -> dict[str, float]:

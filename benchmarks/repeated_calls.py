@@ -140,7 +140,7 @@ def regional() -> dict[str, Any]:
     warned, first, peak = _three_steps(step_of(model), model, inputs)
     kept = backend.plans[-1]
     return {"case": f"regional {REGIONAL_BUDGET}", "eager": eager,
-            "budget": kept.asked + kept.resident, "warned": warned, "step1_peak": first,
+            "budget": kept.step_budget, "warned": warned, "step1_peak": first,
             "peak": peak, "plans": _plans(backend)}  # fmt: skip
 
 

@@ -196,7 +196,7 @@ def test_a_graph_before_a_break_makes_room_for_a_later_graph_left_under_its_leas
     assert room.startswith("graph1") and "at the next step graph0" in room
     measured = steady_step_peak(compiled, planned, inputs)  # the second plans again
     first, second = backend.plans[:2]
-    budget = second.asked + second.resident  # 85% of the step's unplanned peak
+    budget = second.step_budget  # 85% of the step's unplanned peak
     assert first.held + second.peak > budget  # the first step, as planned at first
     now_first, now_second = backend.step.values()  # each graph's plan now
     assert "leaving" in now_first.name and now_first.solver == "as_written"
@@ -204,7 +204,7 @@ def test_a_graph_before_a_break_makes_room_for_a_later_graph_left_under_its_leas
     assert now_first.resident == 0 and now_second.resident == now_first.held
     # The step's, less the parameters of the second graph (and their gradients), the room
     # given back.
-    assert now_first.asked + now_first.resident + 2 * _later_parameters(planned, 1) == budget
+    assert now_first.step_budget + 2 * _later_parameters(planned, 1) == budget
     assert now_first.budget == now_first.asked and now_first.peak <= now_first.budget
     assert measured <= budget, (measured, budget)
     assert abs(measured / backend.predicted_step_peak - 1) <= 0.05
@@ -228,13 +228,12 @@ def test_three_graphs_make_room_for_the_last_of_four_checkpointed_parts() -> Non
     measured = steady_step_peak(compiled, planned, inputs)  # the second plans again
     kept = list(backend.step.values())
     last = kept[-1]
-    budget = last.asked + last.resident
+    budget = last.step_budget
     assert "leaving" in kept[0].name and kept[0].solver == "as_written"
     assert kept[0].status == "feasible"
     assert kept[0].budget + 2 * _later_parameters(planned, 1) == budget
     assert all(
-        p.asked + p.resident + 2 * _later_parameters(planned, k + 1) == budget
-        for k, p in enumerate(kept)
+        p.step_budget + 2 * _later_parameters(planned, k + 1) == budget for k, p in enumerate(kept)
     )
     assert [p.resident for p in kept[1:]] == list(itertools.accumulate(p.held for p in kept[:-1]))
     assert measured <= budget, (measured, budget)
@@ -268,7 +267,7 @@ def test_a_graph_before_a_break_counts_the_parameters_of_the_graphs_after_it() -
     assert f"and the step at {format_bytes(backend.predicted_step_peak)}" in over[0]
     assert "the graphs before it leave it no more room" in over[0]
     first, head = backend.step.values()
-    budget = head.asked + head.resident
+    budget = head.step_budget
     wide = sum(p.nbytes for p in [*planned.wide.parameters(), *planned.out.parameters()])
     assert "by later graphs" in first.name and first.resident == 0
     assert first.asked + 2 * wide == budget  # the head's parameters, and their gradients
