@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from memplan.core.budget import Budget
 from memplan.core.errors import BudgetError, MemplanError
@@ -106,7 +107,7 @@ def allocated_beyond(inputs: Sequence[Any], device: torch.device) -> int:
     """On a GPU, the bytes allocated on `device` now beyond the storages of `inputs` (the
     tensors the graph takes: parameters, buffers, the batch); 0 on the CPU, where no
     allocator counts what is allocated."""
-    if device.type != "cuda":
+    if device.type != "cuda" or not torch.cuda.is_available():  # a CPU, or fake tensors
         return 0
     allocated = torch.cuda.memory_allocated(device)
     return max(0, allocated - _tensor_bytes(inputs, device))
@@ -125,12 +126,8 @@ def outside_of(
     on a GPU, the other tensors allocated there now beyond those, the inputs and the
     state held."""
     state = optimizer_state_bytes(optimizer, parameters, device)
-    taken = {x.untyped_storage().data_ptr() for x in inputs if isinstance(x, torch.Tensor)}
-    apart = [
-        p
-        for p in parameters
-        if not isinstance(p, torch.nn.Parameter) and p.untyped_storage().data_ptr() not in taken
-    ]
+    taken = {id(x) for x in inputs}
+    apart = [p for p in parameters if not isinstance(p, torch.nn.Parameter) and id(p) not in taken]
     masters = _tensor_bytes([*apart, *(p.grad for p in apart if p.grad is not None)], device)
     held = (
         _tensor_bytes(_state_tensors(optimizer), device)
@@ -165,9 +162,9 @@ def _state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
 def _tensor_bytes(values: Iterable[Any], device: torch.device) -> int:
     """The bytes of the storages of the tensors among `values` on `device`, each storage
     once (tied weights and views share one)."""
-    storages = {}
+    storages: dict[StorageWeakRef, int] = {}
     for value in values:
         if isinstance(value, torch.Tensor) and value.device == device:
             storage = value.untyped_storage()
-            storages[storage.data_ptr()] = storage.nbytes()
+            storages[StorageWeakRef(storage)] = storage.nbytes()
     return sum(storages.values())
