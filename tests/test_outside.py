@@ -19,11 +19,23 @@ CPU = torch.device("cpu")
 MiB = 2**20
 
 
+class _MLP(torch.nn.Module):
+    """Two layers, the first's bias frozen: an optimizer keeps no state for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = torch.nn.Sequential(
+            torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 8)
+        )
+        self.body[0].bias.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
 def _model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 8))
-    model[0].bias.requires_grad_(False)  # frozen: an optimizer keeps no state for it
-    return model
+    return _MLP()
 
 
 def _stepped_state(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> int:
@@ -130,3 +142,26 @@ def test_master_weights_beside_a_bf16_model_are_counted_with_their_gradients():
     assert fp32 == 2 * sum(p.nbytes for p in trainable)
     assert outside == Outside(optimizer_state=2 * fp32, masters=2 * fp32)
     assert "master weights" in outside.describe()
+
+
+def test_state_an_optimizer_makes_unforeseen_is_planned_for_at_the_next_step():
+    """RMSprop, a kind memplan does not foresee, makes its state at its first step: the
+    first graph's next call reads it, and the step is planned again with it outside."""
+    torch._dynamo.reset()
+    model = _model()
+    optimizer = torch.optim.RMSprop(model.parameters())
+    backend = memplan.backend(budget="1MiB", optimizer=optimizer, progress=False)
+    model.compile(backend=backend)
+    x = torch.randn(256, 64)
+    for _ in range(3):
+        model(x).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    first, *again = backend.plans
+    assert first.outside == 0 and again
+    # Its square averages, one per trainable parameter, and a 0-dim step counter each.
+    tensors = [t for state in optimizer.state.values() for t in state.values()]
+    made = sum(t.nbytes for t in tensors if t.dim())
+    assert made == sum(p.nbytes for p in model.parameters() if p.requires_grad)
+    assert made <= again[-1].outside == backend.outside.total <= made + 64 * 3
+    assert again[-1].requested_budget == first.requested_budget - again[-1].outside

@@ -19,7 +19,7 @@ import memplan
 import memplan.compile.module
 from memplan.compile.backend import MemplanBackend
 from memplan.core.budget import Budget
-from memplan.core.errors import UnknownOption
+from memplan.core.errors import MemplanError, UnknownOption
 from memplan.planner.allocator import Recording, recording
 from memplan.planner.measure import resident_bytes
 
@@ -151,3 +151,11 @@ def test_an_unknown_option_is_refused_in_one_line_naming_the_known_ones(entry: s
     assert "\n" not in message and message.startswith("unknown option 'progess'; known: ")
     assert "progress" in message and "budget" in message
     assert isinstance(raised.value, TypeError)  # what Python raises for a keyword
+
+
+def test_a_module_of_torch_nns_own_classes_is_refused_since_dynamo_would_skip_it():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    with pytest.raises(MemplanError) as raised:
+        memplan.compile(model, budget="50%")
+    assert "\n" not in str(raised.value) and "Sequential" in str(raised.value)
+    assert model._compiled_call_impl is None  # nothing half-applied

@@ -35,16 +35,14 @@ from memplan.compile.inductor import (
     after_joint_passes,
     inductor_decompositions,
 )
-from memplan.compile.ledger import StepLedger
+from memplan.compile.ledger import ROOM_SLACK, StepLedger
 from memplan.compile.room import make_room
 from memplan.compile.rounds import GraphSearch
 from memplan.compile.shape_dispatch import ShapeDispatch
 from memplan.compile.spinner import spinner
 from memplan.compile.step import StepKey, graph_key, resident_before, step_peaks
 from memplan.core.budget import Budget
-from memplan.core.errors import (
-    MemplanError,
-)
+from memplan.core.errors import MemplanError
 from memplan.planner.options import keyword_options
 from memplan.planner.outside import Outside, check_room, optimizer_kind, outside_of
 from memplan.planner.partitioner import Partitioner
@@ -166,6 +164,19 @@ class MemplanBackend:
             parameters = list(self._trainable.values())
         found = outside_of(optimizer, parameters, tensors, device)
         return found if first else dataclasses.replace(found, other=self.outside.other)
+
+    def outside_grew(self, inputs: Sequence[Any], step_budget: int) -> bool:
+        """Whether what the step holds outside its graphs, read as a call begins the
+        step's first graph (`inputs`), grew by more than ledger.ROOM_SLACK of the step's
+        budget (`step_budget`): then it is taken as it is now, and the graphs are to be
+        planned again for it, their plans' `outside` saying so. State an optimizer memplan
+        was told of was counted ahead; the state of another is read as it grows (and on
+        a GPU, whatever else is allocated: cuBLAS's workspace, made at the first step)."""
+        now = self._outside(inputs, first=True)
+        if now.total - self.outside.total <= ROOM_SLACK * step_budget:
+            return False
+        self.outside = now
+        return True
 
     def watched(
         self,

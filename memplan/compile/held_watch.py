@@ -300,6 +300,8 @@ class HeldWatch:
         checking = self.checked_steps < CHECKED_STEPS and real
         # A step of this graph begins: what is pending for it is planned now.
         begins = real and not self.waiting.waiting_of(self)
+        if begins and self._outside_grew(flat):
+            self.ledger.refresh_all(list(self.again.backend.step))
         due = {request.reason for request in self.ledger.due(self)} if begins else set()
         if due & {Reason.ROOM, Reason.REFRESH}:
             self._plan_for_the_step(list(flat), self.again)
@@ -415,6 +417,15 @@ class HeldWatch:
         # Not the graph's plan in the step: it was planned with all of the budget taken
         # as resident, and runs only until the graph is planned again.
         self.again.keep(self.running, in_step=False)
+
+    def _outside_grew(self, flat: Sequence[Any]) -> bool:
+        """At a call that begins the step's first graph, whether what the step holds
+        outside its graphs grew past what the graphs were planned for (an optimizer's
+        first step made state memplan was not told of: MemplanBackend.outside_grew)."""
+        backend, key = self.again.backend, self.again.key
+        if next(iter(backend.step), None) != key or not self._replannable:
+            return False
+        return backend.outside_grew(flat, self.plan.step_budget)
 
     def _check(self, held: Held) -> bool:
         """Whether `held` is over what the plan allowed for; the first time, warned."""

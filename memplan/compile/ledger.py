@@ -248,12 +248,20 @@ class StepLedger:
     def refresh_after(self, order: Sequence[Hashable], key: Hashable) -> tuple[Replan, ...]:
         """What graph `key` holds changed: every plan of the graphs after it in `order`
         (the step's), at every size, is planned again at its next step."""
+        return self._refresh(order[list(order).index(key) + 1 :])
+
+    def refresh_all(self, order: Sequence[Hashable]) -> tuple[Replan, ...]:
+        """What the step holds outside its graphs grew: every plan of every graph in
+        `order` (the step's), at every size, is planned again at its next step."""
+        return self._refresh(order)
+
+    def _refresh(self, keys: Sequence[Hashable]) -> tuple[Replan, ...]:
         requests = []
-        for later in order[list(order).index(key) + 1 :]:
-            for run in self.of_key.get(later, []):
+        for key in keys:
+            for run in self.of_key.get(key, []):
                 self.entries[run] = dataclasses.replace(self.entries[run], refresh=True)
-            if self.of_key.get(later):
-                requests.append(Replan(later, Reason.REFRESH))
+            if self.of_key.get(key):
+                requests.append(Replan(key, Reason.REFRESH))
         return tuple(requests)
 
     def found_over(self, run: Any, held: Held) -> None:
