@@ -241,7 +241,7 @@ TABLE = [
         (),
         before={"a": {"refresh": True, "replannable": False}},
     ),
-    # take_step, left, refresh_after: planned again for the step.
+    # take_step, left, refresh_after, refresh_all: planned again for the step.
     Transition(
         "room taken: asked and left given, made once",
         _run("a", "take_step"),
@@ -268,6 +268,13 @@ TABLE = [
         lambda world: world.ledger.refresh_after(list(world.step), A),
         (Replan(M, Reason.REFRESH), Replan(B, Reason.REFRESH)),
         after={"a": {"refresh": False}, "m": {"refresh": True}, "b": {"refresh": True}}
+        | {"b2": {"refresh": True}},
+    ),
+    Transition(
+        "the step holds more outside its graphs: every plan of every graph refreshed",
+        lambda world: world.ledger.refresh_all(list(world.step)),
+        (Replan(A, Reason.REFRESH), Replan(M, Reason.REFRESH), Replan(B, Reason.REFRESH)),
+        after={"a": {"refresh": True}, "m": {"refresh": True}, "b": {"refresh": True}}
         | {"b2": {"refresh": True}},
     ),
     # found_over, take_over: calls held more than the plan allowed for.
