@@ -65,6 +65,9 @@ class _Backend:
         self.made = made
         self.asked: list[Partitioner] = []  # what each compile was asked
 
+    def outside_grew(self, inputs: Sequence[Any], step_budget: int) -> bool:
+        return False  # no optimizer: nothing outside the graphs grows
+
     def compile(
         self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], partitioner: Partitioner
     ) -> Callable[..., Any]:
