@@ -5,9 +5,9 @@ Four parts of three checkpointed blocks (width 256, a graph break between each t
 absolute budget of 45 MiB (the step's unplanned peak at a batch of 2048 is 44.06 MiB),
 trained at batches of 2048, 1536, 2048, 1024 and 2048, as a loop whose last batch of an
 epoch is smaller does. At 1536 Dynamo compiles the graphs again with a dynamic batch
-(shape_dispatch.py): each graph is then checked against what the graphs before it hold at
+(runner.py): each graph is then checked against what the graphs before it hold at
 the batch they ran at, and a graph over its share leaves the later ones room at that
-batch, as a graph of static shapes does (held_watch.py). At each batch two steps run as a
+batch, as a graph of static shapes does (room.py). At each batch two steps run as a
 user runs them (they compile and plan; inside the allocator's recording their compiles
 could not read the allocator), and the allocator reads a third, against the step's
 prediction at that batch (`backend.predicted_step_peak`). Gradients: the largest
@@ -88,7 +88,7 @@ def _changing_batches() -> list[dict[str, Any]]:
                 "predicted_peak": backend.predicted_step_peak,
                 "warnings": len(said),
                 "max_grad_error": grad_error(model, eager),
-                "plans": [p.name for p in backend.step.values()],
+                "plans": [p.name for p in backend.ledger.step.values()],
             }
         )
     return steps

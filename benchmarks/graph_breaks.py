@@ -1,7 +1,7 @@
 """`python -m benchmarks.graph_breaks`: one budget for a step Dynamo compiles as several graphs.
 
 Models whose forward Dynamo splits into graphs, each under one memplan backend with
-Inductor at 100% and 80% of the step's unplanned peak (memplan/compile/held_watch.py: the graphs
+Inductor at 100% and 80% of the step's unplanned peak (memplan/compile/room.py: the graphs
 before a graph left under its least make room for it at the next step):
 
 - two halves of three checkpointed blocks (width 256, batch 2048) with a graph break
@@ -106,7 +106,7 @@ def _memplan(budget: str, model: nn.Module, inputs: tuple, eager: nn.Module) -> 
         peaks.append(measure_peak(step, resident=resident, device=CPU).peak_bytes)
     error = grad_error(planned, eager)
     seconds = median_step_seconds(step, device=CPU)
-    kept = list(backend.step.values())
+    kept = list(backend.ledger.step.values())
     return {
         "run": f"memplan {budget}",
         "budget": max(p.step_budget for p in kept),

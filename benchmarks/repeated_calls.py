@@ -1,7 +1,7 @@
 """`python -m benchmarks.repeated_calls`: a graph called again before its backward.
 
 Two ways users call one compiled graph more than once before one backward, each under one
-memplan backend (memplan/compile/held_watch.py):
+memplan backend (memplan/compile/runner.py):
 
 - siamese: an encoder (6 layers of width 256 and a projection to 16, batch 2048) compiled
   on its own and called on two inputs, the loss the mean of the embeddings' product, at

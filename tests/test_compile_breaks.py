@@ -140,7 +140,7 @@ def test_a_batch_seen_once_an_epoch_is_planned_for_what_the_graphs_before_hold_a
             planned.zero_grad(set_to_none=True)
         inputs = (x[:1536], y[:1536])
         measured = steady_step_peak(compiled, planned, inputs)
-    kept = list(backend.step.values())
+    kept = list(backend.ledger.step.values())
     held_before = list(itertools.accumulate(p.held for p in kept[:-1]))
     assert [p.resident for p in kept[1:]] == held_before, [p.name for p in kept]
     assert measured <= backend.predicted_step_peak <= budget, (
@@ -198,7 +198,7 @@ def test_a_graph_before_a_break_makes_room_for_a_later_graph_left_under_its_leas
     first, second = backend.plans[:2]
     budget = second.step_budget  # 85% of the step's unplanned peak
     assert first.held + second.peak > budget  # the first step, as planned at first
-    now_first, now_second = backend.step.values()  # each graph's plan now
+    now_first, now_second = backend.ledger.step.values()  # each graph's plan now
     assert "leaving" in now_first.name and now_first.solver == "as_written"
     assert now_first.held < first.held and now_first.status == "feasible"
     assert now_first.resident == 0 and now_second.resident == now_first.held
@@ -226,7 +226,7 @@ def test_three_graphs_make_room_for_the_last_of_four_checkpointed_parts() -> Non
     rooms = [str(w.message) for w in said if "leave it room" in str(w.message)]
     assert [m.split(":")[0] for m in rooms] == ["graph1", "graph2", "graph3.1"], rooms
     measured = steady_step_peak(compiled, planned, inputs)  # the second plans again
-    kept = list(backend.step.values())
+    kept = list(backend.ledger.step.values())
     last = kept[-1]
     budget = last.step_budget
     assert "leaving" in kept[0].name and kept[0].solver == "as_written"
@@ -266,7 +266,7 @@ def test_a_graph_before_a_break_counts_the_parameters_of_the_graphs_after_it() -
     assert len(over) == 1 and over[0].startswith("graph0"), over
     assert f"and the step at {format_bytes(backend.predicted_step_peak)}" in over[0]
     assert "the graphs before it leave it no more room" in over[0]
-    first, head = backend.step.values()
+    first, head = backend.ledger.step.values()
     budget = head.step_budget
     wide = sum(p.nbytes for p in [*planned.wide.parameters(), *planned.out.parameters()])
     assert "by later graphs" in first.name and first.resident == 0

@@ -90,7 +90,7 @@ def test_a_backend_used_again_after_dynamo_reset_starts_a_new_step() -> None:
         planned = copy.deepcopy(model)
         torch.compile(planned, backend=backend)(x).square().mean().backward()
     before, after = backend.plans
-    assert before.held > 0 and after.resident == 0 and len(backend.step) == 1
+    assert before.held > 0 and after.resident == 0 and len(backend.ledger.step) == 1
 
 
 def test_an_evaluation_under_no_grad_between_steps_keeps_the_plan() -> None:

@@ -72,7 +72,7 @@ def _step(changes: dict[str, dict[str, Any]]) -> dict[Any, Plan]:
 
 
 class _Run:
-    """A watch, as the ledger knows it: any object it can weakly reference."""
+    """A run, as the ledger knows it: any object it can weakly reference."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -93,7 +93,7 @@ class World:
     def __post_init__(self) -> None:
         for name, key in [("a", A), ("m", M), ("b2", B), ("b", B)]:
             self.runs[name] = _Run(name)
-            self.ledger.enter(self.runs[name], key)
+            self.ledger.enter(self.runs[name], key, self.step[key])
 
 
 @dataclass(frozen=True)
@@ -111,11 +111,11 @@ class Transition:
 
 
 def ask_room(world: World) -> RoomAsked:
-    return world.ledger.ask_room(world.step, B, PARAMETERS)
+    return world.ledger.ask_room(B, PARAMETERS)
 
 
 def ask_room_no_parameters(world: World) -> RoomAsked:
-    return world.ledger.ask_room(world.step, B, {1: (0, 0)})
+    return world.ledger.ask_room(B, {1: (0, 0)})
 
 
 def _run(name: str, method: str, *args: Any) -> Callable[[World], object]:
@@ -265,14 +265,14 @@ TABLE = [
     ),
     Transition(
         "A holds other bytes: every plan of M and B (both sizes) refreshed",
-        lambda world: world.ledger.refresh_after(list(world.step), A),
+        lambda world: world.ledger.refresh_after(A),
         (Replan(M, Reason.REFRESH), Replan(B, Reason.REFRESH)),
         after={"a": {"refresh": False}, "m": {"refresh": True}, "b": {"refresh": True}}
         | {"b2": {"refresh": True}},
     ),
     Transition(
         "the step holds more outside its graphs: every plan of every graph refreshed",
-        lambda world: world.ledger.refresh_all(list(world.step)),
+        lambda world: world.ledger.refresh_all(),
         (Replan(A, Reason.REFRESH), Replan(M, Reason.REFRESH), Replan(B, Reason.REFRESH)),
         after={"a": {"refresh": True}, "m": {"refresh": True}, "b": {"refresh": True}}
         | {"b2": {"refresh": True}},
@@ -341,18 +341,20 @@ def test_transition(row: Transition) -> None:
 def test_a_compile_of_a_graph_runs_it_in_the_step_and_a_reset_forgets_the_step() -> None:
     world = World(_step({}))
     assert world.ledger.running == {A: world.runs["a"], M: world.runs["m"], B: world.runs["b"]}
-    world.ledger.runs(B, world.runs["b2"])  # a call at b2's sizes
-    assert world.ledger.running[B] is world.runs["b2"]
+    assert world.ledger.step == world.step
+    at_b2 = dataclasses.replace(world.step[B], name="B at b2's sizes")
+    world.ledger.runs(B, world.runs["b2"], at_b2)  # a call at b2's sizes
+    assert world.ledger.running[B] is world.runs["b2"] and world.ledger.step[B] is at_b2
     assert world.ledger.of_key[B] == [world.runs["b2"], world.runs["b"]]
     world.ledger.forget_step()
-    assert (world.ledger.running, world.ledger.of_key) == ({}, {})
-    assert len(world.ledger.entries) == 4  # the watches may still be called
+    assert (world.ledger.step, world.ledger.running, world.ledger.of_key) == ({}, {}, {})
+    assert len(world.ledger.entries) == 4  # the runs may still be called
 
 
-def test_a_record_lives_as_long_as_its_watch() -> None:
+def test_a_record_lives_as_long_as_its_run() -> None:
     ledger = StepLedger()
     run = _Run("gone")
-    ledger.enter(run, A)
+    ledger.enter(run, A, _step({})[A])
     ledger.forget_step()
     del run
     assert len(ledger.entries) == 0

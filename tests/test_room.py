@@ -1,9 +1,10 @@
-"""Room across graph breaks as graphs are planned again. A graph planned again for what
-the graphs before it in the step hold (its `refresh`, held_watch.HeldWatch.
-_plan_for_the_step) whose plan peaks over what they left of the budget: the graphs before
-it are asked to leave it room (room.make_room), or, where they can leave no more, the user
-is told. A graph that leaves room and is planned again for its own earlier calls
-(HeldWatch._plan_again) still leaves it. Plans are made by hand; no model is compiled."""
+"""Room across graph breaks as graphs are planned again, through the graph runner with a
+fake planner. A graph planned again for what the graphs before it in the step hold (its
+`refresh`, replanner.Replanner.for_the_step) whose plan peaks over what they left of the
+budget: the graphs before it are asked to leave it room (room.make_room), or, where they
+can leave no more, the user is told. A graph that leaves room and is planned again for its
+own earlier calls (Replanner.for_what_was_held) still leaves it. Plans are made by hand;
+no model is compiled."""
 
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ import pytest
 import torch
 from test_plan_file import hand_made_plan
 
-from memplan.compile.held_watch import GraphAgain, HeldWatch, WaitingCalls
 from memplan.compile.ledger import Entry, Held, Room, StepLedger
+from memplan.compile.replanner import Replanner
+from memplan.compile.runner import GraphRunner
 from memplan.compile.step import StepKey
+from memplan.compile.waiting import WaitingCalls
 from memplan.core.budget import Budget
 from memplan.core.errors import MemplanWarning
 from memplan.planner.options import PlanOptions
@@ -51,14 +54,13 @@ def _run(*args: Any) -> Any:
 
 
 class _Backend:
-    """The backend as GraphAgain reads it, under a budget of 100 MiB for the step: every
-    graph it compiles again is planned as `made`."""
+    """The backend as the runner and the replanner read it, under a budget of 100 MiB for
+    the step: every graph it compiles again is planned as `made`."""
 
     def __init__(self, made: Plan) -> None:
         self.budget = Budget.parse(100 * MiB)
         self.options = PlanOptions()
         self.plans: list[Plan] = []
-        self.step: dict[Any, Plan] = {}
         self.ledger = StepLedger()
         self.parameters: dict[int, tuple[int, int]] = {}
         self.outside = Outside()  # no optimizer state
@@ -75,22 +77,20 @@ class _Backend:
         self.plans.append(self.made)
         return _run
 
-    def watch(self, key: StepKey, plan: Plan, resident: int) -> HeldWatch:
+    @property
+    def step(self) -> dict[Any, Plan]:
+        return self.ledger.step
+
+    def run(self, key: StepKey, plan: Plan, resident: int) -> GraphRunner:
         """Graph `key` of the step runs `plan`, planned with `resident` MiB held before it."""
-        again = GraphAgain(
-            self,
-            torch.fx.GraphModule({}, torch.fx.Graph()),
-            key,
-            plan.name,
-            Resident(held=resident * MiB),
-        )
-        watch = HeldWatch(_run, plan, WaitingCalls(), again)
-        self.step[key] = plan
-        self.ledger.enter(watch, key)
-        return watch
+        planned = Partitioner(self.budget, self.options, name=plan.name)
+        planned.resident = Resident(held=resident * MiB)
+        planned.plans.append(plan)
+        gm = torch.fx.GraphModule({}, torch.fx.Graph())
+        return GraphRunner(self, Replanner(self), WaitingCalls(), gm, key, (), planned, _run)
 
     def entry(self, key: StepKey, **changes: Any) -> Entry:
-        """The ledger's record of the watch running graph `key`, with `changes` made."""
+        """The ledger's record of the run of graph `key`, with `changes` made."""
         run = self.ledger.running[key]
         self.ledger.entries[run] = dataclasses.replace(self.ledger.entries[run], **changes)
         return self.ledger.entries[run]
@@ -102,9 +102,9 @@ def _second_planned_again(made: Plan, first_made_room: bool) -> tuple[_Backend, 
     second's plan is `made`, within or over the 60 MiB the first leaves it. Its next call
     is made (a step); the backend, and memplan's warnings said, are returned."""
     backend = _Backend(made)
-    backend.watch(FIRST, _plan("graph0", 50, 40), resident=0)
+    backend.run(FIRST, _plan("graph0", 50, 40), resident=0)
     backend.entry(FIRST, made_room=first_made_room)
-    second = backend.watch(SECOND, _plan("graph1", 66, 10, resident=30, asked=70), resident=30)
+    second = backend.run(SECOND, _plan("graph1", 66, 10, resident=30, asked=70), resident=30)
     backend.entry(SECOND, refresh=True)
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
@@ -146,8 +146,8 @@ def _leaving_room_planned_again(made: Plan) -> _Backend:
     a call of its own (the step before) was found to hold 20 MiB while it ran. At its next
     call it is planned again for them (its plans are `made`); the backend is returned."""
     backend = _Backend(made)
-    first = backend.watch(FIRST, _plan("graph0", 50, 40), resident=0)
-    backend.watch(SECOND, _plan("graph1", 30, 10, resident=40, asked=60), resident=40)
+    first = backend.run(FIRST, _plan("graph0", 50, 40), resident=0)
+    backend.run(SECOND, _plan("graph1", 30, 10, resident=40, asked=60), resident=40)
     backend.entry(
         FIRST,
         leaving={SECOND: Room(30 * MiB, 0)},

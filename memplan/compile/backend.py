@@ -10,14 +10,12 @@ Inductor's compile, not measured. Each graph Dynamo hands over (one per graph br
 planned so that the step stays within the budget: the bytes the graphs before it keep
 for their backwards stay resident while it runs, as does what the step holds outside its
 graphs (the optimizer's state, and on a GPU any other tensor allocated: planner/outside.py),
-and a share is of the step's unplanned peak. A graph called again while earlier calls
-hold more than its plan allowed for is planned again for what they held (held_watch.py).
-
-A graph Dynamo traced with dynamic shapes is planned at its traced sizes and runs at any
-(planner/shapes.py); at sizes where that plan exceeds the budget it is planned again
-(`shape_dispatch.ShapeDispatch`). The plan that runs at a call's sizes is the graph's in
-the step (`running`): the graphs after it count what it holds there (step.py). Plans are
-kept on disk by the graph's structure (planner/plan_cache.py).
+and a share is of the step's unplanned peak. Each planned graph is run by a graph runner
+(runner.py): at sizes where the plan made at a dynamic graph's traced sizes exceeds the
+budget, it is planned again for them, and a graph called again while earlier calls hold
+more than its plan allowed for is planned again for what they held. The step's plans and
+what is pending are the step ledger's (ledger.py). Plans are kept on disk by the graph's
+structure (planner/plan_cache.py).
 """
 
 from __future__ import annotations
@@ -30,25 +28,24 @@ from typing import Any
 import torch
 
 from memplan.compile import compat
-from memplan.compile.held_watch import GraphAgain, HeldWatch, WaitingCalls
 from memplan.compile.inductor import (
     after_joint_passes,
     inductor_decompositions,
 )
 from memplan.compile.ledger import ROOM_SLACK, StepLedger
-from memplan.compile.room import make_room
+from memplan.compile.replanner import Replanner
 from memplan.compile.rounds import GraphSearch
-from memplan.compile.shape_dispatch import ShapeDispatch
+from memplan.compile.runner import GraphRunner
 from memplan.compile.spinner import spinner
-from memplan.compile.step import StepKey, graph_key, resident_before, step_peaks
+from memplan.compile.step import graph_key, resident_before, step_peaks
+from memplan.compile.waiting import WaitingCalls
 from memplan.core.budget import Budget
 from memplan.core.errors import MemplanError
 from memplan.planner.options import keyword_options
 from memplan.planner.outside import Outside, check_room, optimizer_kind, outside_of
 from memplan.planner.partitioner import Partitioner
-from memplan.planner.plan import Resident
 from memplan.planner.plan_file import Plan
-from memplan.planner.shapes import ShapeSignature, signature_of, size_symbols
+from memplan.planner.shapes import signature_of, size_symbols
 
 INNER_COMPILERS = ("inductor", "eager")
 # The backend's parameters besides PlanOptions' fields (named where an option is unknown).
@@ -97,27 +94,26 @@ class MemplanBackend:
         self.reuse = reuse
         self.plans: list[Plan] = []
         self.graphs = 0
-        # The step's graphs in the order they first compiled, the latest plan of each, by
-        # (Dynamo frame, graph of that frame's compile, the parameters it takes): a graph
-        # break starts a new frame, DDP's optimizer splits one compile into several graphs,
-        # and a recompile of a frame for new guards or sizes replaces its graphs' plans,
-        # not adds to the step, unless it is of other parameters: each block of a model
-        # compiled alone is a recompile of one frame (regional compilation).
-        self.step: dict[StepKey, Plan] = {}
         self._graphs_of: dict[object, int] = {}  # graphs so far per Dynamo compile id
         # The bytes of each parameter the step's graphs take, and of its gradient, by id.
         self.parameters: dict[int, tuple[int, int]] = {}
-        # Calls of the graphs whose backward has not run, for what they hold (held_watch.py).
+        # Calls of the graphs whose backward has not run, for what they hold (waiting.py).
         self.waiting = WaitingCalls()
-        # What is to be planned again at run time, and why, by the graphs' watches: which
-        # runs each graph now, every one of each, and the room each made (ledger.py).
+        # The step's graphs in the order they first compiled, the plan of each in it, by
+        # (Dynamo frame, graph of that frame's compile, the parameters it takes: a graph
+        # break starts a new frame, DDP's optimizer splits one compile into several graphs,
+        # and a recompile of a frame for new guards or sizes replaces its graphs' plans,
+        # not adds to the step, unless it is of other parameters: each block of a model
+        # compiled alone is a recompile of one frame, regional compilation); what is to be
+        # planned again at run time, and why, by the graphs' runs (ledger.py).
         self.ledger = StepLedger()
+        self.replanner = Replanner(self)
 
     @property
     def predicted_step_peak(self) -> int:
         """The step's predicted peak over its graphs (step.step_peaks; 0 before any
         graph is planned)."""
-        return max(step_peaks(self.step, self.parameters).values(), default=0)
+        return max(step_peaks(self.ledger.step, self.parameters).values(), default=0)
 
     def __call__(
         self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: str | None = None
@@ -134,16 +130,16 @@ class MemplanBackend:
         partitioner = Partitioner(self.budget, self.options, name=name, reuse=self.reuse)
         partitioner.sizes = signature_of(symbols, example_inputs)
         key = graph_key(example_inputs, self._graphs_of, self.parameters)
-        self.outside = self._outside(example_inputs, first=next(iter(self.step), key) == key)
+        step = self.ledger.step
+        self.outside = self._outside(example_inputs, first=next(iter(step), key) == key)
         check_room(self.budget, self.outside)
-        partitioner.resident = resident_before(self.step, key, self.outside.total)
+        partitioner.resident = resident_before(step, key, self.outside.total)
         compiled = self.compile(gm, example_inputs, partitioner)
         if not partitioner.plans:  # no backward: nothing planned
             return compiled
-        plan, sizes = partitioner.plans[-1], partitioner.sizes
-        run = self.watched(gm, key, name, compiled, plan, partitioner.resident, sizes)
-        if symbols:  # planned at its hints, and again at sizes the plan does not hold
-            run = ShapeDispatch(self, gm, symbols, partitioner, compiled, key, run)
+        run = GraphRunner(
+            self, self.replanner, self.waiting, gm, key, symbols, partitioner, compiled
+        )
         # Dynamo runs what a backend returns inside the compiled frame: not to be traced.
         return torch.compiler.disable(run, reason="memplan checks what the step holds")
 
@@ -178,37 +174,9 @@ class MemplanBackend:
         self.outside = now
         return True
 
-    def watched(
-        self,
-        gm: torch.fx.GraphModule,
-        key: StepKey,
-        name: str,
-        compiled: Callable[..., Any],
-        plan: Plan,
-        resident: Resident,
-        sizes: ShapeSignature = (),
-    ) -> HeldWatch:
-        """`compiled` (`gm` as `plan` runs it, at `sizes` where its shapes are dynamic) as
-        graph `key` of the step (named `name`), checked against what earlier calls hold
-        and planned again for the step (held_watch.py); the later graphs it leaves over
-        the budget are told (make_room)."""
-        again = GraphAgain(self, gm, key, name, resident, sizes)
-        watch = HeldWatch(compiled, plan, self.waiting, again)
-        self.ledger.enter(watch, key)
-        self.step[key] = plan
-        make_room(self.ledger, self.step, key, self.parameters)
-        return watch
-
-    def running(self, key: StepKey, watch: HeldWatch) -> None:
-        """`watch` runs graph `key` in the step now: at the sizes of this call, for a graph
-        of dynamic shapes, whose plan the graphs after it then count."""
-        self.step[key] = watch.plan
-        self.ledger.runs(key, watch)
-
     def reset(self) -> None:
         """Forget the step: torch._dynamo.reset() calls it (through torch.compile's
         wrapper), and Dynamo then numbers its frames and compiles from 0 again."""
-        self.step.clear()
         self.ledger.forget_step()
         self._graphs_of.clear()
 

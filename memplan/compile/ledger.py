@@ -1,11 +1,12 @@
-"""The step ledger: what the backend has decided to plan again at run time, and why.
+"""The step ledger: the step's plans by graph, and what is to be planned again, and why.
 
-One record per plan that runs a graph of the step (a watch, held_watch.HeldWatch: one per
-compile of the graph and per size it has a plan for) says what room later graphs asked of
-it, the room its plan leaves, and which re-plans are pending. Events (a graph compiled, a
-call, a plan made again) change the records in this one place and answer with `Replan`
-requests; the torch.compile path carries them out. No torch here: tests/test_ledger.py
-runs the transitions from a table.
+The step is each graph's plan in it (`step`: at the sizes the step runs at, for a graph of
+dynamic shapes), in the order the graphs first compiled. One record per run of a plan
+(runner.Run: one per compile of a graph and per size it has a plan for) says what room
+later graphs asked of it, the room its plan leaves, and which re-plans are pending.
+Events (a graph compiled, a call, a plan made again) change the step and the records in
+this one place and answer with `Replan` requests; the runner carries them out. No torch
+here: tests/test_ledger.py runs the transitions from a table.
 """
 
 from __future__ import annotations
@@ -36,15 +37,15 @@ class Reason(Enum):
     """Why a graph is planned again: the closed set of what the torch.compile path does."""
 
     # A call of a graph of dynamic shapes at sizes where the plan made at its hints does
-    # not hold the budget (shape_dispatch.ShapeDispatch).
+    # not hold the budget (runner.GraphRunner).
     NEW_SIZES = "new sizes"
     # Calls waiting for their backward (a graph's own repeated calls among them) held
-    # more than its plan allowed for (HeldWatch._plan_again, at its next step).
+    # more than its plan allowed for (replanner.Replanner.for_what_was_held, at its next step).
     HELD_OVER = "held over"
     # A later graph of the step peaks over what this one left (room.make_room).
     ROOM = "room"
     # What the graphs before it hold changed, or the parameters of those after it take
-    # the step over its budget while it runs (HeldWatch._plan_for_the_step).
+    # the step over its budget while it runs (replanner.Replanner.for_the_step).
     REFRESH = "refresh"
 
 
@@ -118,13 +119,16 @@ class RoomAsked:
 
 @dataclass
 class StepLedger:
-    """The records of a backend's plans, by the watch (`run`: any object that can be
-    weakly referenced) that runs each; which of them runs each graph of the step now
-    (`running`), every one of each graph (`of_key`: at every size, and of earlier
-    compiles), the rooms made by graph and shapes (`rooms`), and the sizes planned on
-    their own per compile of a graph of dynamic shapes (`sizes_planned`)."""
+    """The step's plans by graph (`step`, in the order the graphs first compiled); the
+    records of a backend's plans, by the run (any object that can be weakly referenced)
+    that runs each; which of them runs each graph of the step now (`running`), every one
+    of each graph (`of_key`: at every size, and of earlier compiles), the rooms made by
+    graph and shapes (`rooms`), and the sizes planned on their own per compile of a graph
+    of dynamic shapes (`sizes_planned`)."""
 
-    # Weakly: a record lives as long as its watch, which Dynamo drops with its compile.
+    step: dict[Any, Plan] = field(default_factory=dict)
+
+    # Weakly: a record lives as long as its run, which Dynamo drops with its compile.
     entries: weakref.WeakKeyDictionary[Any, Entry] = field(
         default_factory=weakref.WeakKeyDictionary
     )
@@ -135,37 +139,42 @@ class StepLedger:
         default_factory=weakref.WeakKeyDictionary
     )
 
-    def enter(self, run: Any, key: Hashable) -> None:
-        """`run` is a new plan of graph `key`, and runs it in the step now."""
+    def enter(self, run: Any, key: Hashable, plan: Plan) -> None:
+        """`run` is a new plan of graph `key`, `plan`, and runs it in the step now."""
         self.entries[run] = Entry(key)
         self.of_key.setdefault(key, []).append(run)
-        self.running[key] = run
+        self.runs(key, run, plan)
 
-    def runs(self, key: Hashable, run: Any) -> None:
-        """`run` runs graph `key` in the step now (a graph of dynamic shapes, at a call's
-        sizes): the graphs after it ask room of it."""
+    def runs(self, key: Hashable, run: Any, plan: Plan) -> None:
+        """`run` runs graph `key` in the step now, as `plan` (a graph of dynamic shapes, at
+        a call's sizes): the graphs after it count what it holds, and ask room of it."""
         self.running[key] = run
+        self.step[key] = plan
+
+    def keep(self, key: Hashable, plan: Plan) -> None:
+        """Graph `key` was planned again: `plan` is its plan in the step."""
+        self.step[key] = plan
 
     def forget_step(self) -> None:
         """Forget which graphs the step has (torch._dynamo.reset). The records stay: a
-        watch compiled before may still be called."""
+        run compiled before may still be called."""
+        self.step.clear()
         self.running.clear()
         self.of_key.clear()
         self.rooms.clear()
 
-    def ask_room(
-        self, step: dict[Any, Plan], key: Hashable, parameters: dict[int, tuple[int, int]]
-    ) -> RoomAsked:
-        """Graph `key` joined `step` (its plan there). Each graph before it that the
+    def ask_room(self, key: Hashable, parameters: dict[int, tuple[int, int]]) -> RoomAsked:
+        """Graph `key` joined the step (its plan there). Each graph before it that the
         parameters graph `key` takes (with their gradients, `parameters`: step_peaks) take
         over the step's budget by more than ROOM_SLACK of it is refreshed, unless it was
         planned before any later graph was compiled or for its least (best effort). Where
         graph `key` peaks over what the graphs before it left (by more than ROOM_SLACK of
         the step's budget), though within the budget alone, each graph before it that did
         not make room yet leaves it room at its next step, once."""
+        step = self.step
         plan = step[key]
         step_budget = plan.step_budget
-        requests = [Replan(seen, Reason.REFRESH) for seen in self._refreshed(step, key, parameters)]
+        requests = [Replan(seen, Reason.REFRESH) for seen in self._refreshed(key, parameters)]
         if plan.peak - plan.asked <= ROOM_SLACK * step_budget or plan.peak > step_budget:
             return RoomAsked(tuple(requests), leaving=False)
         before = [(seen, self.running.get(seen)) for seen in keys_before(step, key)]
@@ -185,10 +194,9 @@ class StepLedger:
             requests.append(Replan(seen, Reason.ROOM))
         return RoomAsked(tuple(requests), leaving=bool(leaving))
 
-    def _refreshed(
-        self, step: dict[Any, Plan], key: Hashable, parameters: dict[int, tuple[int, int]]
-    ) -> list[Hashable]:
+    def _refreshed(self, key: Hashable, parameters: dict[int, tuple[int, int]]) -> list[Hashable]:
         """The graphs before graph `key` now refreshed for the parameters of those after."""
+        step = self.step
         plan = step[key]
         step_budget = plan.step_budget
         peaks = step_peaks(step, parameters)
@@ -245,15 +253,16 @@ class StepLedger:
         if entry.shapes is not None:
             self.rooms[(entry.key, entry.shapes)] = rooms
 
-    def refresh_after(self, order: Sequence[Hashable], key: Hashable) -> tuple[Replan, ...]:
-        """What graph `key` holds changed: every plan of the graphs after it in `order`
-        (the step's), at every size, is planned again at its next step."""
-        return self._refresh(order[list(order).index(key) + 1 :])
+    def refresh_after(self, key: Hashable) -> tuple[Replan, ...]:
+        """What graph `key` holds changed: every plan of the graphs after it in the step,
+        at every size, is planned again at its next step."""
+        order = list(self.step)
+        return self._refresh(order[order.index(key) + 1 :])
 
-    def refresh_all(self, order: Sequence[Hashable]) -> tuple[Replan, ...]:
-        """What the step holds outside its graphs grew: every plan of every graph in
-        `order` (the step's), at every size, is planned again at its next step."""
-        return self._refresh(order)
+    def refresh_all(self) -> tuple[Replan, ...]:
+        """What the step holds outside its graphs grew: every plan of every graph of the
+        step, at every size, is planned again at its next step."""
+        return self._refresh(list(self.step))
 
     def _refresh(self, keys: Sequence[Hashable]) -> tuple[Replan, ...]:
         requests = []

@@ -7,7 +7,7 @@ knows nothing of the later ones: it can keep so much for its backward that a lat
 is left under its least. `make_room` then has each graph before it (the plan that ran in
 this step, at this step's sizes) asked for the most that graph needs while they hold
 their saved tensors (a ledger.Room: its peak, with what the graphs between hold), and
-they are planned again for it at their next step (held_watch.HeldWatch._plan_for_the_step).
+they are planned again for it at their next step (replanner.Replanner.for_the_step).
 The room a graph made is kept by its place in the step and its inputs' shapes
 (ledger.RoomsMade): a graph compiled again at shapes it ran at before (Dynamo's recompile
 with dynamic sizes) makes the same room at once, not a step later.
@@ -25,7 +25,6 @@ from memplan.compile.ledger import Reason, Shapes, StepLedger
 from memplan.compile.step import step_peaks
 from memplan.core.errors import MemplanWarning
 from memplan.core.units import format_bytes
-from memplan.planner.plan_file import Plan
 
 
 def shapes_of(args: Iterable[Any]) -> Shapes:
@@ -33,18 +32,14 @@ def shapes_of(args: Iterable[Any]) -> Shapes:
     return tuple(tuple(x.shape) for x in args if isinstance(x, torch.Tensor))
 
 
-def make_room(
-    ledger: StepLedger,
-    step: dict[Any, Plan],
-    key: Hashable,
-    parameters: dict[int, tuple[int, int]],
-) -> bool:
+def make_room(ledger: StepLedger, key: Hashable, parameters: dict[int, tuple[int, int]]) -> bool:
     """Graph `key` joined the step: the graphs before it that the parameters it takes
     (with their gradients, `parameters`) take over the step's budget are planned again
     at their next step for them, and those it peaks over what they left are to leave it
     room (StepLedger.ask_room); the user is told of each. Whether any graph is to leave
     it room at its next step."""
-    asked = ledger.ask_room(step, key, parameters)
+    asked = ledger.ask_room(key, parameters)
+    step = ledger.step
     plan = step[key]
     step_budget = plan.step_budget
     peaks = step_peaks(step, parameters) if asked.requests else {}
