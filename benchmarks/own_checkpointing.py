@@ -131,7 +131,7 @@ def section_text(saved: dict[str, Any]) -> str:
         "shares of it, and its least a 1-byte budget planned best effort. Peak: the "
         "allocator's, of a steady step; step time: the median of 5 steps. Plan: the "
         "solver whose plan was kept, or the step as written, which the backend compiles "
-        "as one more round where no other holds the budget (backends.MemplanBackend.compile).",
+        "as one more round where no other holds the budget (the written lane, compile/search.py).",
         "",
         "| run | budget | plan | predicted peak | measured peak | vs eager | step time | "
         "vs eager | recomputed | max grad error |",

@@ -2,7 +2,7 @@
 
 Dynamo calls a backend once per graph it compiles: once per graph break, once per
 recompile. A budget holds for the step only where one backend plans all of a step's
-graphs (each for what the graphs before it hold, backends.MemplanBackend), so the
+graphs (each for what the graphs before it hold, backend.MemplanBackend), so the
 backend by name keeps one MemplanBackend per torch.compile call, built from that call's
 `options`. Dynamo calls backends of torch.compile through torch's `_TorchCompileWrapper`,
 one per call: the backend of a call is found by that wrapper, the caller's frame.

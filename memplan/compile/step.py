@@ -2,7 +2,7 @@
 predict it: what the graphs before a graph hold while it runs, the parameters only the
 graphs after it take, and the step's predicted peak while each graph runs.
 
-`step` is backends.MemplanBackend.step: each graph's plan in the step (at the sizes the
+`step` is ledger.StepLedger.step: each graph's plan in the step (at the sizes the
 step runs at, for a graph of dynamic shapes), in the order the graphs first compiled.
 """
 
@@ -17,7 +17,7 @@ from memplan.planner.plan_file import Plan
 
 
 class StepKey(NamedTuple):
-    """A graph's entry in the step (MemplanBackend.step)."""
+    """A graph's entry in the step (ledger.StepLedger.step)."""
 
     frame: int  # Dynamo's frame id, -1 outside one
     index: int  # the graph's place among its frame compile's graphs
@@ -49,13 +49,13 @@ def graph_key(
 
 
 def keys_before(step: dict[Any, Plan], key: Hashable) -> list[Hashable]:
-    """The graphs of `step` (backends.MemplanBackend.step) compiled before graph `key`
+    """The graphs of `step` (ledger.StepLedger.step) compiled before graph `key`
     first was, in the step's order."""
     return list(itertools.takewhile(lambda seen: seen != key, step))
 
 
 def resident_before(step: dict[Any, Plan], key: Hashable, outside: int) -> Resident:
-    """What the graphs of `step` (backends.MemplanBackend.step) compiled before graph `key`
+    """What the graphs of `step` (ledger.StepLedger.step) compiled before graph `key`
     first was hold, with `outside`, what the step holds outside its graphs."""
     earlier = [step[seen] for seen in keys_before(step, key)]
     return Resident(
@@ -67,7 +67,7 @@ def resident_before(step: dict[Any, Plan], key: Hashable, outside: int) -> Resid
 
 
 def held_between(step: dict[Any, Plan], first: Hashable, later: Hashable) -> int:
-    """What the graphs of `step` (backends.MemplanBackend.step) between graph `first` and
+    """What the graphs of `step` (ledger.StepLedger.step) between graph `first` and
     graph `later` hold."""
     before_later = keys_before(step, later)
     return sum(step[key].held for key in before_later[before_later.index(first) + 1 :])
@@ -88,7 +88,7 @@ def later_parameters(
 
 
 def step_peaks(step: dict[Any, Plan], parameters: dict[int, tuple[int, int]]) -> dict[Any, int]:
-    """The predicted peak of the step (backends.MemplanBackend.step) while each of its
+    """The predicted peak of the step (ledger.StepLedger.step) while each of its
     graphs runs: its own peak and what the graphs before it hold (Plan.step_peak), with
     the parameters only graphs after it take and, during its backward, their gradients
     (later_parameters). There, a graph followed by others no longer holds its forward's

@@ -91,7 +91,7 @@ def _exported(
                 torch.compiler._compile_session_context(),
             ):
                 # The step's writes into its inputs (BatchNorm's running statistics) stay
-                # in the graph, as memplan's torch.compile backend has them (backends.py),
+                # in the graph, as memplan's torch.compile backend has them (compile/backend.py),
                 # so that both plan one graph.
                 joint = aot_export_joint_with_descriptors(
                     stack,
