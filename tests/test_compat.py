@@ -10,8 +10,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from memplan.compile import compat
-from memplan.compile.inductor import compile_reading
+from memplan.compile import compat, inductor
+from memplan.compile.inductor import NotEmittable, compile_reading
 from memplan.core.emitted import Allocate, Release
 
 
@@ -63,3 +63,17 @@ def test_an_inductor_compile_is_read_and_runs():
     x = torch.ones(512, 512)
     (result,) = compiled([x])
     torch.testing.assert_close(result, (x * 2).sin() + 1)
+
+
+def test_a_wrapper_that_cannot_be_read_raises_not_emittable_not_inductors_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the reading refuses reaches the rounds as NotEmittable (they warn and keep the
+    unfused prediction), not wrapped in the error Inductor raises for a failed compile."""
+
+    def refuse(*_: object) -> None:
+        raise NotEmittable("a graph with subgraphs (control flow) cannot be read")
+
+    monkeypatch.setattr(inductor, "_read", refuse)
+    with pytest.raises(NotEmittable, match="subgraphs"):
+        compile_reading(_traced(), {})

@@ -367,7 +367,7 @@ def test_a_checkpointed_models_least_under_inductor_is_no_higher_than_torch_comp
     by the allocator, no higher than torch.compile's default step, which carries out that
     checkpointing. The solvers rank plans on the unfused graphs, where the step as written
     peaks above their least-memory plan; as Inductor compiles it, it peaks below, so it is
-    compiled as one more round (backends.MemplanBackend.compile). Without that
+    compiled as one more round (the written lane, compile/search.py). Without that
     round, memplan's least peaked 10.76 MiB here, against torch.compile's 10.51 MiB
     (2-core CPU, 2026-11-30). Gradients are eager's."""
     torch.manual_seed(0)

@@ -112,12 +112,24 @@ def compile_reading(
         v.name if isinstance(v, torch.fx.Node) else None for v in pytree.tree_leaves(output.args[0])
     )
     read: list[tuple[Emitted, dict[str, KernelCall]]] = []
+    refused: list[NotEmittable] = []
+
+    def reading(wrapper: Any) -> None:
+        # Raised inside Inductor's compile, NotEmittable would reach the caller wrapped in
+        # Inductor's own error: it is raised once the compile returns.
+        try:
+            read.append(_read(wrapper, returned))
+        except NotEmittable as why:
+            refused.append(why)
+
     # The FX graph cache would skip the lowering, and with it the wrapper.
     with (
         compat.inductor_settings({**settings, "fx_graph_cache": False}),
-        compat.reading_wrapper(lambda wrapper: read.append(_read(wrapper, returned))),
+        compat.reading_wrapper(reading),
     ):
         compiled = compat.compile_graph(copy, inputs)
+    if refused:
+        raise refused[0]
     if len(read) != 1:
         raise NotEmittable(f"Inductor generated {len(read)} wrappers for one graph")
     emitted, calls = read[0]

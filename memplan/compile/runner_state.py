@@ -74,9 +74,10 @@ class RunState:
 def step_begins(state: RunState, due: frozenset[Reason]) -> tuple[RunState, tuple[Action, ...]]:
     """A call begins a step of the graph (none of its own calls waits), with the re-plans
     `due` for it (StepLedger.due). The step that ended counts as checked where a call of it
-    found earlier calls waiting and none held over the plan; at CHECKED_STEPS of them the
-    run is trusted. The re-plans due are carried out: for the step first, then for what
-    was held."""
+    found earlier calls waiting and no re-plan for what they held is due (a run that can
+    no longer be planned again counts a step found over too: nothing more is done for
+    it); at CHECKED_STEPS of them the run is trusted. The re-plans due are carried out:
+    for the step first, then for what was held."""
     actions = []
     if due & {Reason.ROOM, Reason.REFRESH}:
         actions.append(Action.PLAN_FOR_THE_STEP)
