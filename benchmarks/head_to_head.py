@@ -49,7 +49,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from benchmarks.beyond import BEYOND
-from benchmarks.models import LOWER_REQUIRED, SLOWER_ALLOWED, machine
+from benchmarks.models import LOWER_REQUIRED, SLOWER_ALLOWED, machine, source_commit
 from benchmarks.pages import RESULTS_PAGE, write_section
 from benchmarks.paths import DOCS, RESULTS
 from memplan.core.files import write_json_atomically
@@ -151,9 +151,11 @@ def in_process(name: str, kind: str, value: str) -> dict[str, Any]:
             lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
             if done.returncode or not lines:
                 error = (done.stderr.strip().splitlines() or ["no output"])[-1]
-                return {"kind": kind, "value": value, "error": f"{stage}: {error[:300]}"}
+                found = {"kind": kind, "value": value, "error": f"{stage}: {error[:300]}"}
+                break
             found.update(json.loads(lines[-1]))
-    return found
+    # --keep mixes runs of different commits in one JSON: each run names its own.
+    return {**found, "commit": source_commit()}
 
 
 def bench_model(name: str, record: dict[str, Any], save: Any, keep: Sequence[str] = ()) -> None:
@@ -255,6 +257,8 @@ def markdown(saved: dict[str, Any]) -> str:
         "runs the plan the first made, from its caches: on CPU the allocator is read through "
         "a profiler session, inside which memplan cannot measure transient memory.",
         "",
+        commits(saved),
+        "",
         "![head to head](img/head_to_head_cpu.png)",
         "",
         "| model | " + " | ".join(TARGETS) + " |",
@@ -280,6 +284,17 @@ def markdown(saved: dict[str, Any]) -> str:
                 f"{r['first_step_seconds']:.1f} s |"
             )
     return "\n".join(lines) + "\n"
+
+
+def commits(saved: dict[str, Any]) -> str:
+    """Which commit's code took which runs, as a sentence for the page."""
+    by_commit: dict[str, set[str]] = {}
+    for entry in saved["models"].values():
+        for r in entry["runs"]:
+            kind = "torch.compile" if r["kind"] == "torch" else r["kind"]
+            by_commit.setdefault(r.get("commit", "a commit not recorded"), set()).add(kind)
+    parts = [f"{', '.join(sorted(kinds))} at {commit}" for commit, kinds in by_commit.items()]
+    return "Runs by the code that took them: " + "; ".join(parts) + "."
 
 
 def plot(saved: dict[str, Any], path: Path) -> None:

@@ -5,7 +5,7 @@ Each zoo model (at the zoo's own sizes) is compiled with
 compiler, at 90%, 70% and 50% of its unplanned peak and at its least (a 1 KiB budget,
 best effort). The allocator reads one steady training step (memplan.tools.verify.
 steady_step_peak), which is compared with the plan's budget and its prediction of what
-Inductor runs (Plan.compiled_peak, memplan/compile/compiled_peak.py). The
+Inductor runs (Plan.compiled_peak, compile/inductor.py and core/emitted.py). The
 convolutional models run again at 70% with Inductor's layout optimization off (it is on
 by default, as in torch.compile; `inductor_config={"layout_optimization": False}`). Writes
 benchmarks/results/inductor-peaks-<device>.json and its section of docs/results.md.

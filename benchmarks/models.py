@@ -25,6 +25,7 @@ import argparse
 import json
 import math
 import platform
+import subprocess
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -109,6 +110,22 @@ def machine(device: str | None = None) -> dict[str, Any]:
         "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d"),
     }
+
+
+def source_commit() -> str:
+    """The commit whose code took a figure: its short hash, with "+changes" where memplan's
+    or the benchmarks' code differs from it (results files aside); "unknown" outside git."""
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=root)
+
+    head = git("rev-parse", "--short", "HEAD")
+    if head.returncode:
+        return "unknown"
+    code = ["memplan", "benchmarks", ":!benchmarks/results"]
+    changed = git("status", "--porcelain", "--", *code).stdout.strip()
+    return head.stdout.strip() + ("+changes" if changed else "")
 
 
 class Bench:

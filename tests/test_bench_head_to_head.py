@@ -98,3 +98,32 @@ def test_a_run_made_again_takes_its_place(monkeypatch):
     h2h.run_again("m", runs, "memplan", "least")
     assert runs[1] == {"kind": "memplan", "new": "m"}
     assert runs[0] == torch_run("1.0", 100, 1.0)
+
+
+def test_the_page_names_the_commit_of_each_kind_of_run():
+    """With --keep, one JSON holds runs of two commits: the page says which took which,
+    and runs saved before commits were recorded say so."""
+    kept = torch_run("1.0", 100, 1.0)
+    new = {**memplan_run("least", 40, 1.1), "commit": "abc1234"}
+    sentence = h2h.commits({"models": {"m": {"runs": [kept, new]}}})
+    assert sentence == (
+        "Runs by the code that took them: torch.compile at a commit not recorded; "
+        "memplan at abc1234."
+    )
+
+
+def test_a_run_names_the_commit_of_the_code_that_took_it(monkeypatch):
+    """Even a failed run: the error may be the code's."""
+
+    class Failed:
+        returncode, stdout, stderr = 1, "", "Traceback\nRuntimeError: boom\n"
+
+    monkeypatch.setattr(h2h.subprocess, "run", lambda *args, **kwargs: Failed())
+    monkeypatch.setattr(h2h, "source_commit", lambda: "abc1234+changes")
+    found = h2h.in_process("m", "memplan", "least")
+    assert found == {
+        "kind": "memplan",
+        "value": "least",
+        "error": "all: RuntimeError: boom",
+        "commit": "abc1234+changes",
+    }

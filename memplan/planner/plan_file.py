@@ -75,8 +75,8 @@ class Plan:
     # backward: in a step of several graphs, the next graph's inputs, freed by then unless
     # the caller holds them (memplan.compile.step.step_peaks). 0 in plans written before.
     output_bytes: int = 0
-    # Graphs compiled by Inductor: the predicted peak of what Inductor runs, the simulated
-    # peak corrected by its kernels' measured difference (planner/compiled_peak.py); 0
+    # Graphs compiled by Inductor: the predicted peak of what Inductor runs, simulated
+    # from what the compiled graphs allocate (compile/inductor.py, core/emitted.py); 0
     # where memplan runs the planned graphs itself.
     compiled_peak: int = 0
     compiled_backward_peak: int = 0  # of its backward (in plans written since)

@@ -169,13 +169,14 @@ def vit(batch: int = 16, image: int = 32, layers: int = 4, width: int = 64) -> E
     return Example("vit", model, (pixels, labels), block=tf.models.vit.modeling_vit.ViTLayer)
 
 
-def resnet(batch: int = 16) -> Example:
+def resnet(batch: int = 16, depths: tuple[int, int, int] = (3, 2, 1)) -> Example:
+    """A small ResNet of basic blocks: `depths` blocks in each of its three stages."""
     tf = _transformers()
     torch.manual_seed(0)
     config = tf.ResNetConfig(
         embedding_size=8,
         hidden_sizes=[32, 48, 64],
-        depths=[3, 2, 1],
+        depths=list(depths),
         layer_type="basic",
         num_labels=10,
         problem_type="single_label_classification",  # as for vit
