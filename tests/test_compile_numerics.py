@@ -196,9 +196,9 @@ INDUCTOR_EXAMPLES = {
     "bert": lambda: ZOO["bert"](layers=1),
     "resnet": lambda: example_of("resnet"),
 }
-# At the least, where 70%'s margin does not matter, one block per stage and a smaller
-# batch: the least's rounds are the suite's longest test at the zoo's size (171 s on a
-# 2-core CPU with an empty Inductor cache, 2026-12-05).
+# At the least, where 70%'s margin does not matter, ResNet with one block per stage and a
+# smaller batch, and GPT-2 with one layer: at the zoo's size ResNet's least was the suite's
+# longest test (171 s on a 2-core CPU with an empty Inductor cache, 2026-12-05).
 LEAST_EXAMPLES = {
     **INDUCTOR_EXAMPLES,
     "gpt2": lambda: ZOO["gpt2"](layers=1),
