@@ -42,6 +42,15 @@ def test_the_compile_id_is_none_outside_a_compile_and_the_wrapper_is_code():
     assert not compat.is_fake(torch.ones(2))
 
 
+def test_an_op_overload_is_told_and_tensors_are_real_inside_a_fake_mode():
+    assert compat.is_op_overload(torch.ops.aten.mm.default)
+    assert not compat.is_op_overload(torch.ops.aten.mm)  # the packet, not an overload
+    with FakeTensorMode():
+        assert compat.is_fake(torch.ones(2))
+        with compat.real_tensors():
+            assert not compat.is_fake(torch.ones(2))
+
+
 def _traced() -> torch.fx.GraphModule:
     """x -> (x * 2).sin() + 1 on a 1 MiB input, in ATen ops, its values traced on fake
     tensors and traced again (compat.propagate_fake)."""

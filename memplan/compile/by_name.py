@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from memplan.compile import compat
 from memplan.compile.backend import MemplanBackend
 from memplan.core.errors import MemplanWarning
 
@@ -73,11 +74,12 @@ class BackendByName:
 
 def _torch_compile_call() -> object | None:
     """torch.compile's wrapper calling the backend, from the stack; None where none is."""
+    wrapper_code = compat.torch_compile_wrapper_code()
     frame = sys._getframe(2)  # the caller of BackendByName.__call__
     for _ in range(WRAPPER_DEPTH):
         if frame is None:
             return None
-        if frame.f_code is torch._TorchCompileWrapper.__call__.__code__:
+        if frame.f_code is wrapper_code:
             return frame.f_locals.get("self")
         frame = frame.f_back
     return None

@@ -196,6 +196,19 @@ def autograd_function_node() -> type:
     return BackwardCFunction
 
 
+def real_tensors() -> contextlib.AbstractContextManager[Any]:
+    """No fake mode while inside: tensors made are real, though a trace's fake mode is on
+    (AOTAutograd's partition step)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    return unset_fake_temporarily()
+
+
+def is_op_overload(op: object) -> bool:
+    """Whether `op` is one overload of an operator (torch.ops.aten.mm.default)."""
+    return isinstance(op, torch._ops.OpOverload)
+
+
 def is_fake(value: Any) -> bool:
     """Whether `value` is a fake tensor."""
     from torch._subclasses.fake_tensor import is_fake as fake

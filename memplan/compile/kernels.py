@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from memplan.compile import compat
 from memplan.core.errors import AllocatorUnreadable
@@ -72,7 +71,7 @@ def call_of(node: Any) -> KernelCall | None:
     arguments are its inputs, in order. None otherwise (its op's profiled workspace
     stands)."""
     op = getattr(node, "op_overload", None)
-    if not isinstance(op, torch._ops.OpOverload):
+    if not compat.is_op_overload(op):
         return None
     specs = [_spec(x) for x in node.inputs]
     if any(s is None for s in specs):
@@ -125,7 +124,7 @@ def workspaces(calls: Iterable[KernelCall]) -> dict[str, int]:
         if call.key not in _MEASURED:
             # Inside AOTAutograd's partition step the trace's fake mode is on: real
             # tensors are made outside it, as the profile's are.
-            with unset_fake_temporarily():
+            with compat.real_tensors():
                 _MEASURED[call.key] = _measured(call)
         if _MEASURED[call.key] is not None:
             found[call.key] = _MEASURED[call.key]

@@ -37,7 +37,9 @@ def graph_key(
     # (ledger.py) uses without torch.
     import torch
 
-    compile_id = torch._guards.CompileContext.current_compile_id()
+    from memplan.compile import compat
+
+    compile_id = compat.current_compile_id()
     index = graphs_of.get(compile_id, 0)
     graphs_of[compile_id] = index + 1
     frame = -1 if compile_id is None or compile_id.frame_id is None else compile_id.frame_id

@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import is_fake
-from torch.autograd.function import BackwardCFunction
 
+from memplan.compile import compat
 from memplan.compile.ledger import Held
 from memplan.planner.plan import Resident
 from memplan.planner.plan_file import Plan
@@ -116,12 +115,13 @@ def _node_of(outputs: list[torch.Tensor]) -> Any:
     """The autograd node of a compiled graph's output tensors (one for all of them:
     AOTAutograd's autograd.Function), or None. An output that is a view of another has a
     view's node, whose next node is the Function's."""
+    function_node = compat.autograd_function_node()
     for output in outputs:
         if output.grad_fn is None:
             continue
         node = output.grad_fn
         for _ in range(VIEW_DEPTH):
-            if isinstance(node, BackwardCFunction):
+            if isinstance(node, function_node):
                 return node
             nodes = [n for n, _ in node.next_functions if n is not None]
             if not nodes:
@@ -133,4 +133,4 @@ def _node_of(outputs: list[torch.Tensor]) -> Any:
 def fake(inputs: Iterable[Any]) -> bool:
     """Whether the call is on fake tensors: its first tensor is (they all are, or none)."""
     first = next((x for x in inputs if isinstance(x, torch.Tensor)), None)
-    return first is not None and is_fake(first)
+    return first is not None and compat.is_fake(first)
