@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from benchmarks import head_to_head as h2h
+from memplan.tools.zoo import Example
 
 MIB = 2**20
 
@@ -127,3 +130,26 @@ def test_a_run_names_the_commit_of_the_code_that_took_it(monkeypatch):
         "error": "all: RuntimeError: boom",
         "commit": "abc1234+changes",
     }
+
+
+def test_the_floor_is_what_is_resident_and_the_trainable_gradients():
+    """A 4 -> 3 linear layer with its bias frozen, on a batch of 2: 15 parameters and 8
+    inputs resident, 12 gradients, of 4 bytes each."""
+    model = torch.nn.Linear(4, 3)
+    model.bias.requires_grad_(False)
+    ex = Example("linear", model, (torch.ones(2, 4),))
+    assert h2h.floor_bytes(ex) == 4 * (15 + 8 + 12)
+
+
+def test_the_page_says_where_25_percent_lower_is_under_the_floor():
+    """torch.compile's least is 60 MiB: 25% under it is 45 MiB, under a floor of 50 MiB."""
+    ours = [memplan_run(MATCHED, 70, 1.0), memplan_run("least", 55, 1.1)]
+    entry = {"runs": [*TORCH, *ours], "floor": 50 * MIB}
+    saved = {
+        "models": {"m": entry},
+        "machine": {"device_name": "x", "cpu_threads": 1, "torch": "t"},
+        "date": "d",
+    }
+    assert h2h.under_floor(entry) and not h2h.under_floor({**entry, "floor": 40 * MIB})
+    row = next(line for line in h2h.markdown(saved).splitlines() if line.startswith("| m |"))
+    assert row.endswith("| **not met** (under the floor) |") and "| 50.00 MiB |" in row
