@@ -22,8 +22,10 @@ memplan's prediction is the backend's predicted step peak. The targets, per mode
 - at torch.compile's least peak, a memplan run LOWER_REQUIRED lower at no more step time.
 Writes benchmarks/results/head_to_head-<device>.json after each run, one plot
 (docs/img/head_to_head_<device>.png) and its section of docs/results.md.
-Run: `python -m benchmarks.head_to_head [--models ...] [--report-only]`; `--again KIND
-VALUE` runs one run of each model again (`--again memplan least`).
+Run: `python -m benchmarks.head_to_head [--models ...] [--device cuda] [--report-only]`;
+`--again KIND VALUE` runs one run of each model again (`--again memplan least`). On a GPU
+(`--device cuda`) the allocator read is `max_memory_allocated`, so a run's first step is
+what the job memplan is for would run out of memory in where it exceeds the budget.
 """
 
 from __future__ import annotations
@@ -69,7 +71,13 @@ UNDER_ANY_LEAST = 1024  # bytes
 # The zoo's models here, at sizes that keep a run within a few minutes on a 2-core CPU.
 ZOO_MODELS = {"mlp": {}, "gpt2": {}, "resnet": {}}
 MODELS = [*ZOO_MODELS, *BEYOND]
-MARKERS = ("<!-- head_to_head: begin -->", "<!-- head_to_head: end -->")
+DEVICES = ("cpu", "cuda")
+
+
+def markers(device: str) -> tuple[str, str]:
+    """The markers of the device's section of the results page."""
+    name = "head_to_head" if device == "cpu" else f"head_to_head {device}"
+    return f"<!-- {name}: begin -->", f"<!-- {name}: end -->"
 
 
 def example(name: str) -> Example:
@@ -92,7 +100,9 @@ def with_floors(saved: dict[str, Any]) -> None:
             entry["floor"] = floor_bytes(example(name))
 
 
-def one_run(name: str, kind: str, value: str, stage: str = "all") -> dict[str, Any]:
+def one_run(
+    name: str, kind: str, value: str, stage: str = "all", device_type: str = "cpu"
+) -> dict[str, Any]:
     """One run of model `name` (this process's only one): "eager", "torch" at an
     activation_memory_budget, or "memplan" at a budget ("least": under any least).
 
@@ -104,7 +114,8 @@ def one_run(name: str, kind: str, value: str, stage: str = "all") -> dict[str, A
     and plan caches), compiled and run again."""
     import memplan
 
-    ex = example(name)
+    device = torch.device(device_type)
+    ex = example(name).to(device)
     model, reference = copy.deepcopy(ex.model), copy.deepcopy(ex.model)
     backend = None
     if kind == "eager":
@@ -117,7 +128,6 @@ def one_run(name: str, kind: str, value: str, stage: str = "all") -> dict[str, A
         budget = UNDER_ANY_LEAST if value == "least" else int(value)
         backend = memplan.backend(budget=budget, progress=False)
         run = torch.compile(model, backend=backend)
-    device = torch.device("cpu")
     resident = resident_tensors(model, ex.inputs)
     found: dict[str, Any] = {"kind": kind, "value": value}
     with warnings.catch_warnings():
@@ -149,7 +159,7 @@ def one_run(name: str, kind: str, value: str, stage: str = "all") -> dict[str, A
     return found
 
 
-def in_process(name: str, kind: str, value: str) -> dict[str, Any]:
+def in_process(name: str, kind: str, value: str, device: str = "cpu") -> dict[str, Any]:
     """`one_run` in a fresh process with caches of its own (for memplan, then its
     first step recorded in a second process sharing them); an error is recorded."""
     stages = ["all", "first-step"] if kind == "memplan" else ["all"]
@@ -162,8 +172,9 @@ def in_process(name: str, kind: str, value: str) -> dict[str, Any]:
             "HF_HUB_OFFLINE": "1",
         }
         for stage in stages:
-            command = [sys.executable, "-m", "benchmarks.head_to_head", "--run", name, kind, value]
-            done = subprocess.run([*command, stage], capture_output=True, text=True, env=env)
+            command = [sys.executable, "-m", "benchmarks.head_to_head", "--device", device]
+            command += ["--run", name, kind, value, stage]
+            done = subprocess.run(command, capture_output=True, text=True, env=env)
             lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
             if done.returncode or not lines:
                 error = (done.stderr.strip().splitlines() or ["no output"])[-1]
@@ -174,7 +185,9 @@ def in_process(name: str, kind: str, value: str) -> dict[str, Any]:
     return {**found, "commit": source_commit()}
 
 
-def bench_model(name: str, record: dict[str, Any], save: Any, keep: Sequence[str] = ()) -> None:
+def bench_model(
+    name: str, record: dict[str, Any], save: Any, keep: Sequence[str] = (), device: str = "cpu"
+) -> None:
     """Every run of model `name`, into `record[name]` (saved after each); a run of a kind
     in `keep` that `record` has measured already is kept, not run again."""
     saved = {(r["kind"], r["value"]): r for r in record.get(name, {}).get("runs", [])}
@@ -184,7 +197,7 @@ def bench_model(name: str, record: dict[str, Any], save: Any, keep: Sequence[str
     def add(kind: str, value: str) -> dict[str, Any]:
         earlier = saved.get((kind, value), {})
         kept = kind in keep and "error" not in earlier and earlier
-        runs.append(kept or in_process(name, kind, value))
+        runs.append(kept or in_process(name, kind, value, device))
         save()
         return runs[-1]
 
@@ -267,24 +280,33 @@ def label(r: dict[str, Any]) -> str:
 
 def markdown(saved: dict[str, Any]) -> str:
     where = saved["machine"]
+    device = where.get("device", "cpu")
+    threads = (
+        f"{where['cpu_threads']} torch threads, "
+        f"{where.get('inductor_compile_threads', '?')} Inductor compile threads"
+    )
+    on = f"a {where['device_name']} CPU" if device == "cpu" else where["device_name"]
+    recorded = (
+        "on CPU the allocator is read through a profiler session, inside which memplan "
+        "cannot measure transient memory"
+        if device == "cpu"
+        else "the allocator's `max_memory_allocated` over that step"
+    )
     lines = [
-        f"Measured on a {where['device_name']} CPU ({where['cpu_threads']} torch threads, "
-        f"{where.get('inductor_compile_threads', '?')} Inductor compile threads), torch "
-        f"{where['torch']}, "
+        f"Measured on {on} ({threads}), torch {where['torch']}, "
         f"{saved['date']}, by `python -m benchmarks.head_to_head`: each run in a process of "
         "its own with empty caches. Models beyond the zoo are benchmarks/beyond.py's; "
         "nothing of memplan was tuned on them. Step times are medians of the ratio to an "
         f"eager step timed beside it ({REPEATS} pairs); compile time is the first step's. "
         "A memplan run's first-step peak is recorded in a second process that compiles and "
-        "runs the plan the first made, from its caches: on CPU the allocator is read through "
-        "a profiler session, inside which memplan cannot measure transient memory. A model's "
+        f"runs the plan the first made, from its caches: {recorded}. A model's "
         "floor is the least any plan can peak at: parameters, buffers and inputs, with the "
         "gradient of each trainable parameter, which the backward holds together at its end; "
         "where 25% under torch.compile's least is below it, no plan can meet that target.",
         "",
         commits(saved),
         "",
-        "![head to head](img/head_to_head_cpu.png)",
+        f"![head to head](img/head_to_head_{device}.png)",
         "",
         "| model | floor | " + " | ".join(TARGETS) + " |",
         "|---" * (len(TARGETS) + 2) + "|",
@@ -351,8 +373,9 @@ def plot(saved: dict[str, Any], path: Path) -> None:
 
 
 def report(saved: dict[str, Any]) -> None:
-    plot(saved, DOCS / "img" / "head_to_head_cpu.png")
-    write_section(RESULTS_PAGE, markdown(saved), *MARKERS)
+    device = saved["machine"].get("device", "cpu")
+    plot(saved, DOCS / "img" / f"head_to_head_{device}.png")
+    write_section(RESULTS_PAGE, markdown(saved), *markers(device))
 
 
 def compile_threads() -> int:
@@ -363,18 +386,21 @@ def compile_threads() -> int:
     return int(config.compile_threads or 1)
 
 
-def run_again(name: str, runs: list[dict[str, Any]], kind: str, value: str) -> None:
+def run_again(
+    name: str, runs: list[dict[str, Any]], kind: str, value: str, device: str = "cpu"
+) -> None:
     """The run of `kind` at `value` in model `name`'s `runs` replaced by a new one (where
     the benchmark's code changed for it), where it has one."""
     for i, r in enumerate(runs):
         if (r["kind"], r["value"]) == (kind, value):
-            runs[i] = in_process(name, kind, value)
+            runs[i] = in_process(name, kind, value, device)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=MODELS, choices=MODELS)
     parser.add_argument("--report-only", action="store_true", help="rewrite the page from JSON")
+    parser.add_argument("--device", choices=DEVICES, default="cpu", help="where the runs run")
     parser.add_argument(
         "--keep",
         nargs="*",
@@ -393,9 +419,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     if args.run:
-        print(json.dumps(one_run(*args.run)), flush=True)
+        print(json.dumps(one_run(*args.run, device_type=args.device)), flush=True)
         return
-    path = RESULTS / "head_to_head-cpu.json"
+    path = RESULTS / f"head_to_head-{args.device}.json"
     if args.report_only:
         saved = json.loads(path.read_text())
         with_floors(saved)
@@ -403,15 +429,15 @@ def main(argv: list[str] | None = None) -> None:
         report(saved)
         return
     saved: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"models": {}}
-    saved.update(machine=machine("cpu"), date=time.strftime("%Y-%m-%d"))
+    saved.update(machine=machine(args.device), date=time.strftime("%Y-%m-%d"))
     saved["machine"]["inductor_compile_threads"] = compile_threads()
     for name in args.models:
         if args.again:
-            run_again(name, saved["models"][name]["runs"], *args.again)
+            run_again(name, saved["models"][name]["runs"], *args.again, device=args.device)
             write_json_atomically(path, saved)
         else:
             save = functools.partial(write_json_atomically, path, saved)
-            bench_model(name, saved["models"], save, args.keep)
+            bench_model(name, saved["models"], save, args.keep, device=args.device)
         print(name, targets(saved["models"][name]["runs"]), flush=True)
     with_floors(saved)
     write_json_atomically(path, saved)

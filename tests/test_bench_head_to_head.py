@@ -76,7 +76,8 @@ def test_a_model_keeps_the_runs_of_kinds_asked_and_runs_the_rest(monkeypatch):
     so made once), then under any least."""
     made: list[tuple[str, str]] = []
 
-    def in_process(name: str, kind: str, value: str) -> dict[str, Any]:
+    def in_process(name: str, kind: str, value: str, device: str) -> dict[str, Any]:
+        assert device == "cpu"
         made.append((kind, value))
         return {"kind": kind, "value": value, "error": "not run"}
 
@@ -96,7 +97,9 @@ def test_a_model_keeps_the_runs_of_kinds_asked_and_runs_the_rest(monkeypatch):
 
 
 def test_a_run_made_again_takes_its_place(monkeypatch):
-    monkeypatch.setattr(h2h, "in_process", lambda name, kind, value: {"kind": kind, "new": name})
+    monkeypatch.setattr(
+        h2h, "in_process", lambda name, kind, value, device: {"kind": kind, "new": name}
+    )
     runs = [torch_run("1.0", 100, 1.0), memplan_run("least", 40, 1.1)]
     h2h.run_again("m", runs, "memplan", "least")
     assert runs[1] == {"kind": "memplan", "new": "m"}
@@ -121,9 +124,16 @@ def test_a_run_names_the_commit_of_the_code_that_took_it(monkeypatch):
     class Failed:
         returncode, stdout, stderr = 1, "", "Traceback\nRuntimeError: boom\n"
 
-    monkeypatch.setattr(h2h.subprocess, "run", lambda *args, **kwargs: Failed())
+    commands: list[list[str]] = []
+
+    def run(command: list[str], **kwargs: Any) -> Failed:
+        commands.append(command)
+        return Failed()
+
+    monkeypatch.setattr(h2h.subprocess, "run", run)
     monkeypatch.setattr(h2h, "source_commit", lambda: "abc1234+changes")
-    found = h2h.in_process("m", "memplan", "least")
+    found = h2h.in_process("m", "memplan", "least", "cuda")
+    assert commands[0][-7:] == ["--device", "cuda", "--run", "m", "memplan", "least", "all"]
     assert found == {
         "kind": "memplan",
         "value": "least",
@@ -153,3 +163,12 @@ def test_the_page_says_where_25_percent_lower_is_under_the_floor():
     assert h2h.under_floor(entry) and not h2h.under_floor({**entry, "floor": 40 * MIB})
     row = next(line for line in h2h.markdown(saved).splitlines() if line.startswith("| m |"))
     assert row.endswith("| **not met** (under the floor) |") and "| 50.00 MiB |" in row
+
+
+def test_a_gpus_runs_have_a_section_of_their_own_read_by_max_memory_allocated():
+    where = {"device": "cuda", "device_name": "NVIDIA H100", "cpu_threads": 16, "torch": "t"}
+    entry = {"runs": [*TORCH, memplan_run("least", 40, 1.1)], "floor": 10 * MIB}
+    text = h2h.markdown({"models": {"m": entry}, "machine": where, "date": "d"})
+    assert text.startswith("Measured on NVIDIA H100 (") and "max_memory_allocated" in text
+    assert "img/head_to_head_cuda.png" in text and "profiler session" not in text
+    assert h2h.markers("cuda") != h2h.markers("cpu")
