@@ -374,10 +374,12 @@ def test_a_checkpointed_models_least_under_inductor_is_no_higher_than_torch_comp
     """Under Inductor, memplan's least on a model that checkpoints its own blocks peaks,
     by the allocator, no higher than torch.compile's default step, which carries out that
     checkpointing. The solvers rank plans on the unfused graphs, where the step as written
-    peaks above their least-memory plan; as Inductor compiles it, it peaks below, so it is
-    compiled as one more round (the written lane, compile/search.py). Without that
-    round, memplan's least peaked 10.76 MiB here, against torch.compile's 10.51 MiB
-    (2-core CPU, 2026-11-30). Gradients are eager's."""
+    peaks above their least-memory plan; as Inductor compiles it, it can peak below, so it
+    is compiled as one more round (the written lane, compile/search.py), and the lowest
+    round is kept. Without that round, memplan's least peaked 10.76 MiB here, against
+    torch.compile's 10.51 MiB (2-core CPU, 2026-11-30). Which round is lowest varies with
+    the profiled times: the step as written in most runs, greedy's least-memory plan at
+    10.01 MiB in one (2026-12-06). Gradients are eager's."""
     torch.manual_seed(0)
     x = torch.randn(1024, 256)
     model = _Checkpointed(True)
@@ -393,7 +395,11 @@ def test_a_checkpointed_models_least_under_inductor_is_no_higher_than_torch_comp
     ours = steady_step_peak(compiled, planned, (x,))
     assert ours <= theirs, (format_bytes(ours), format_bytes(theirs))
     (plan,) = backend.plans
-    assert plan.solver == "as_written" and "as the model is written" in plan.note, plan.note
+    rounds = plan.options["compiled_rounds"]
+    assert any(written for *_, written in rounds), rounds  # the step as written was compiled
+    assert plan.compiled_peak == min(peak for _, peak, *_ in rounds), rounds
+    if plan.solver == "as_written":
+        assert "as the model is written" in plan.note, plan.note
     assert ours <= plan.compiled_peak, (ours, plan.compiled_peak)
 
 

@@ -254,7 +254,10 @@ class GraphSearch:
         outcome, plan = chosen.outcome, chosen.planned.plan
         need = max(outcome.peak - goal.room, outcome.held) if goal.room else outcome.peak
         lane = outcome.attempt.lane
-        rounds = [[o.attempt.aim, o.peak, o.attempt.lane.layout] for o in self.history]
+        rounds = [
+            [o.attempt.aim, o.peak, o.attempt.lane.layout, o.attempt.lane.written]
+            for o in self.history
+        ]
         options = {
             **plan.options,
             "compiled_rounds": rounds,
