@@ -396,6 +396,19 @@ def run_again(
             runs[i] = in_process(name, kind, value, device)
 
 
+def run_models(args: argparse.Namespace, path: Path, saved: dict[str, Any]) -> None:
+    """The runs `args` ask for, model by model, into `saved` (written to `path` after
+    each run)."""
+    for name in args.models:
+        if args.again:
+            run_again(name, saved["models"][name]["runs"], *args.again, device=args.device)
+            write_json_atomically(path, saved)
+        else:
+            save = functools.partial(write_json_atomically, path, saved)
+            bench_model(name, saved["models"], save, args.keep, device=args.device)
+        print(name, targets(saved["models"][name]["runs"]), flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=MODELS, choices=MODELS)
@@ -422,23 +435,13 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(one_run(*args.run, device_type=args.device)), flush=True)
         return
     path = RESULTS / f"head_to_head-{args.device}.json"
-    if args.report_only:
-        saved = json.loads(path.read_text())
-        with_floors(saved)
-        write_json_atomically(path, saved)
-        report(saved)
-        return
+    if args.report_only and not path.exists():
+        parser.error(f"{path} does not exist: no runs to report")
     saved: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"models": {}}
-    saved.update(machine=machine(args.device), date=time.strftime("%Y-%m-%d"))
-    saved["machine"]["inductor_compile_threads"] = compile_threads()
-    for name in args.models:
-        if args.again:
-            run_again(name, saved["models"][name]["runs"], *args.again, device=args.device)
-            write_json_atomically(path, saved)
-        else:
-            save = functools.partial(write_json_atomically, path, saved)
-            bench_model(name, saved["models"], save, args.keep, device=args.device)
-        print(name, targets(saved["models"][name]["runs"]), flush=True)
+    if not args.report_only:
+        saved.update(machine=machine(args.device), date=time.strftime("%Y-%m-%d"))
+        saved["machine"]["inductor_compile_threads"] = compile_threads()
+        run_models(args, path, saved)
     with_floors(saved)
     write_json_atomically(path, saved)
     report(saved)
