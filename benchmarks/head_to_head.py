@@ -439,6 +439,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"{path} does not exist: no runs to report")
     saved: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"models": {}}
     if not args.report_only:
+        if args.device == "cuda" and not torch.cuda.is_available():
+            parser.error("--device cuda: torch sees no CUDA device here")
         saved.update(machine=machine(args.device), date=time.strftime("%Y-%m-%d"))
         saved["machine"]["inductor_compile_threads"] = compile_threads()
         run_models(args, path, saved)

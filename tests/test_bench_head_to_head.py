@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 
 from benchmarks import head_to_head as h2h
@@ -172,3 +173,10 @@ def test_a_gpus_runs_have_a_section_of_their_own_read_by_max_memory_allocated():
     assert text.startswith("Measured on NVIDIA H100 (") and "max_memory_allocated" in text
     assert "img/head_to_head_cuda.png" in text and "profiler session" not in text
     assert h2h.markers("cuda") != h2h.markers("cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asked of a machine without CUDA")
+def test_runs_on_a_gpu_asked_of_a_machine_without_one_are_refused_in_one_line(capsys):
+    with pytest.raises(SystemExit):
+        h2h.main(["--device", "cuda", "--models", "mlp"])
+    assert "--device cuda: torch sees no CUDA device here" in capsys.readouterr().err
