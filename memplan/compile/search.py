@@ -11,14 +11,14 @@ tested from a table without torch (tests/test_search.py):
 - a round over the target is followed by one aimed lower by how far it was over; one
   well under it, that recomputes or offloads, by one aimed higher by the room it left
   (less recomputation, a faster step);
-- a lane ends at its least-memory plan. A round aimed at that plan's peak as compiled,
-  where it compiles higher than planned, peaked higher still on five of the zoo's seven
-  such lanes (2-core CPU, 2026-12-06), and it cost an Inductor compile on each;
+- a lane ends at its least-memory plan, followed by one round aimed at that plan's peak
+  as compiled where it compiles higher than planned (recomputing less, its kernels can
+  peak lower);
 - where no round of a lane holds the target, the next lane is tried;
 - the fastest round that holds the target is kept, else the lowest.
 Below the least, the rounds are the same whatever the target (each lane's least-memory
-plan), so the least a budget is refused with is one the search finds again when asked for
-it.
+plan and the round after it), so the least a budget is refused with is one the search
+finds again when asked for it.
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def _raised(history: Sequence[Outcome], within: Sequence[Outcome], goal: Goal) -
 def _in_lane(history: Sequence[Outcome], lane: Lane, goal: Goal) -> Attempt | None:
     """The next round of `lane`, none of whose rounds held the target: the first at the
     target; after one over it, one aimed lower by how far over; then the least-memory
-    plan, the lane's last."""
+    plan, and the round after it."""
     ours = [o for o in history if o.attempt.lane == lane]
     if lane.written:  # the step as written is one plan, whatever its aim
         return None if ours else Attempt(goal.target, lane)
@@ -158,7 +158,12 @@ def _in_lane(history: Sequence[Outcome], lane: Lane, goal: Goal) -> Attempt | No
         attempt = _fresh(history, Attempt(lower, lane), goal)
         if attempt is not None:
             return attempt
-    return None if least else _fresh(history, Attempt(LEAST, lane), goal)
+    if not least:
+        return _fresh(history, Attempt(LEAST, lane), goal)
+    lowest = min(least, key=lambda o: o.peak)
+    if lowest.peak > lowest.planned_peak * (1 + SLACK):
+        return _fresh(history, Attempt(lowest.peak, lane), goal)
+    return None
 
 
 def _lowered_in_vain(ours: Sequence[Outcome], goal: Goal) -> bool:
