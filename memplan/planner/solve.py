@@ -18,6 +18,7 @@ import math
 import warnings
 from dataclasses import dataclass
 
+from memplan.core.collector import collector_paused
 from memplan.core.errors import InfeasibleBudget, InfeasibleBudgetWarning, MemplanError
 from memplan.core.graph import Graph, SolveResult
 from memplan.core.simulate import MemoryTrace, simulate
@@ -82,7 +83,24 @@ def solve_within_budget(
 ) -> Solved:
     """`solver`'s schedule for `budget`, or the fallback's (see the module). `first` is the
     named solver's result where the caller already has it (a re-applied plan);
-    `as_written`, the step as the model is written (solvers.baselines.as_written)."""
+    `as_written`, the step as the model is written (solvers.baselines.as_written). The
+    cyclic collector is paused meanwhile (core/collector.py)."""
+    with collector_paused():
+        return _solve_within_budget(
+            graph, budget, solver, options, best_effort, first=first, as_written=as_written
+        )
+
+
+def _solve_within_budget(
+    graph: Graph,
+    budget: int,
+    solver: str,
+    options: SolverOptions,
+    best_effort: bool,
+    *,
+    first: SolveResult | None,
+    as_written: SolveResult | None,
+) -> Solved:
     named = _found(graph, first or get_solver(solver)(graph, budget, options), options)
     cut_short = first is None and ran_out(named.result, options)
     if named.peak <= budget:
@@ -145,7 +163,7 @@ def solve_within_budget(
         f"{graph.name}: budget {format_bytes(budget)} is infeasible; planned for "
         f"its smallest feasible peak {format_bytes(peak)} instead"
     )
-    warnings.warn(note, InfeasibleBudgetWarning, stacklevel=2)
+    warnings.warn(note, InfeasibleBudgetWarning, stacklevel=3)  # past the wrapper
     result = dataclasses.replace(least.result, status="best-effort")
     return Solved(result, least.trace, peak, note, cut_short)
 
