@@ -63,7 +63,7 @@ class Node:
     workspace: int = 0
     checkpointed: bool = False
 
-    @property
+    @cached_property  # read for every step of every simulation
     def is_resident_input(self) -> bool:
         """Present before the step starts and never freed by it."""
         return self.kind in (NodeKind.PARAM, NodeKind.INPUT)
@@ -210,35 +210,35 @@ class Graph:
 # --- schedule steps -------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Compute:
     """Run the node (again, if it ran before: a recomputation)."""
 
     node: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Free:
     """Drop the device copy of the node."""
 
     node: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Offload:
     """Start a device-to-host copy of the node on the copy stream."""
 
     node: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Prefetch:
     """Start a host-to-device copy of the node's host copy on the copy stream."""
 
     node: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Wait:
     """Make the compute stream wait until the node's prefetch has landed."""
 
@@ -289,9 +289,10 @@ def with_frees(graph: Graph, steps: Iterable[Step], keep: Iterable[int] = ()) ->
         made_at.pop(node, None)
         last_read.pop(node, None)
 
+    nodes = graph.nodes  # read at every step
     for index, step in enumerate(steps):
         if isinstance(step, Compute):
-            for source in graph[step.node].inputs:
+            for source in nodes[step.node].inputs:
                 last_read[source] = index
             close(step.node)
             made_at[step.node] = index
@@ -307,7 +308,7 @@ def with_frees(graph: Graph, steps: Iterable[Step], keep: Iterable[int] = ()) ->
     for index, step in enumerate(steps):
         out.append(step)
         if index in free_after:
-            out.extend(Free(v) for v in sorted(free_after[index]))
+            out.extend([Free(v) for v in sorted(free_after[index])])
     return out
 
 

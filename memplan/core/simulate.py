@@ -21,6 +21,7 @@ from memplan.core.graph import (
     Compute,
     Free,
     Graph,
+    Node,
     NodeKind,
     Offload,
     Prefetch,
@@ -188,15 +189,16 @@ def simulate(
     peak, peak_step, arrivals_at_peak = baseline, -1, len(state.arrivals)
     live: list[int] = []
     clock: list[float] = []
+    nodes, count = graph.nodes, len(graph)  # read at every step
 
     for index, step in enumerate(schedule.steps):
         state.step = index
-        node = graph[step.node] if 0 <= step.node < len(graph) else None
+        node = nodes[step.node] if 0 <= step.node < count else None
         if node is None:
             raise InvalidSchedule(f"step {index}: unknown node id {step.node}")
         held = 0  # a computed node's workspace, held during its step only
         if isinstance(step, Compute):
-            _compute(state, step, index)
+            _compute(state, step, node, index)
             held = node.workspace if node.kind is NodeKind.COMPUTE else 0
             if held:
                 state.workspaces.append(Allocation(step.node, held, index, index + 1, True))
@@ -264,10 +266,9 @@ def simulate(
     )
 
 
-def _compute(state: _State, step: Compute, index: int) -> None:
+def _compute(state: _State, step: Compute, node: Node, index: int) -> None:
     graph = state.graph
     v = step.node
-    node = graph[v]
     if node.is_resident_input:
         raise _invalid(graph, index, step, "computes a resident input")
     if v in state.resident or v in state.in_flight:
