@@ -6,7 +6,6 @@ The figures the simulator's predictions are checked against (see docs: Measureme
 from __future__ import annotations
 
 import contextlib
-import gc
 import statistics
 import threading
 import time
@@ -20,6 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from memplan.core.collector import collector_paused
 from memplan.passes.host_memory import add_host_storage, is_host_storage
 from memplan.planner.allocator import recording
 from memplan.planner.granularity import allocated_bytes
@@ -168,11 +168,8 @@ def measure_peak(
     # of blocks the step never allocated: the collector is held off. Not collected first:
     # held before the step, that garbage is no part of the peak above the step's start, and
     # after a compile a full collection takes about half a second (CPU, 2026-11-29).
-    gc.disable()
-    try:
+    with collector_paused():
         peak, seconds = _METHODS[method](step, resident, device)
-    finally:
-        gc.enable()
     return Measurement(peak_bytes=peak, seconds=seconds, method=method)
 
 

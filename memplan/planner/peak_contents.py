@@ -20,7 +20,6 @@ allocated.
 from __future__ import annotations
 
 import collections
-import gc
 import os
 import warnings
 from collections.abc import Callable, Iterable
@@ -30,6 +29,7 @@ from typing import Any
 
 import torch
 
+from memplan.core.collector import collector_paused
 from memplan.core.errors import MemplanWarning
 from memplan.planner.allocator import Allocated, Recording, recording
 
@@ -56,11 +56,8 @@ def live_at_peak(step: Callable[[], object], device: torch.device) -> list[LiveB
     """Run `step()` once and return the blocks it allocated that were live at its peak,
     grouped by size and site, the largest groups (by bytes) first."""
     device = torch.device(device)
-    gc.disable()  # garbage freed mid-step would show as frees of blocks it never made
-    try:
+    with collector_paused():  # garbage freed mid-step would show as frees of blocks it never made
         recorded = _cuda_recording(step, device) if device.type == "cuda" else _cpu(step, device)
-    finally:
-        gc.enable()
     counted = collections.Counter(
         (block.nbytes, " < ".join(block.calls)) for block in recorded.live_at_peak()
     )

@@ -47,11 +47,11 @@ from memplan.planner.roofline import (
 )
 from memplan.planner.shapes import concrete, hint
 
-# The profiler range around node i of the transient pass.
 # Floats in the pool values are tiled from (256 KiB of float32): random enough that no
 # kernel meets a special case (zeros, a constant), small beside what a pass holds.
 _POOL_FLOATS = 1 << 16
 
+# The profiler range around node i of the transient pass.
 _RANGE = "memplan.node."
 
 
@@ -364,19 +364,24 @@ def _synthesise(val: object, device: torch.device, floats: torch.Tensor) -> obje
     def make(v: object) -> object:
         if not isinstance(v, torch.Tensor):
             return concrete(v)
-        shape, stride = [hint(s) for s in v.shape], [hint(s) for s in v.stride()]
+        shape, stride = _layout(v)
+        span = _span(shape, stride)
         if v.dtype.is_floating_point or v.dtype.is_complex:
-            storage = _tiled(torch.empty(_span(v), dtype=v.dtype, device=device), floats)
+            storage = _tiled(torch.empty(span, dtype=v.dtype, device=device), floats)
         else:
-            storage = torch.zeros(_span(v), dtype=v.dtype, device=device)
+            storage = torch.zeros(span, dtype=v.dtype, device=device)
         return storage.as_strided(shape, stride)
 
     return tree_map(make, val)
 
 
-def _span(v: torch.Tensor) -> int:
-    """The elements of storage a tensor like `v` reaches, at the hints."""
-    shape, stride = [hint(s) for s in v.shape], [hint(s) for s in v.stride()]
+def _layout(v: torch.Tensor) -> tuple[list[int], list[int]]:
+    """`v`'s shape and strides at the hints."""
+    return [hint(s) for s in v.shape], [hint(s) for s in v.stride()]
+
+
+def _span(shape: list[int], stride: list[int]) -> int:
+    """The elements of storage a tensor of this layout reaches."""
     return 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) if all(shape) else 0
 
 
@@ -384,7 +389,7 @@ def _float_pool(nodes: list[fx.Node], device: torch.device) -> torch.Tensor:
     """Random float32s on `device`, as many as the longest floating value of `nodes` spans
     up to _POOL_FLOATS (at least one), from a generator seeded for this pool alone."""
     spans = (
-        _span(v)
+        _span(*_layout(v))
         for node in nodes
         for v in tree_leaves(node.meta.get("val"))
         if isinstance(v, torch.Tensor) and (v.dtype.is_floating_point or v.dtype.is_complex)
