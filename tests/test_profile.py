@@ -78,13 +78,6 @@ def test_profiling_leaves_the_random_state_as_it_was(joint):
     assert torch.equal(torch.get_rng_state(), state)
 
 
-@pytest.mark.parametrize("length", [0, 1, 3, 7, 64])
-def test_a_made_up_value_repeats_the_pool(length):
-    pool = torch.tensor([1.0, 2.0, 3.0])
-    filled = profile._tiled(torch.full((length,), float("nan"), dtype=torch.float64), pool)
-    assert filled.tolist() == [float(1 + i % 3) for i in range(length)]
-
-
 def test_roofline_of_a_matmul_is_compute_bound():
     gm = make_fx(torch.mm, tracing_mode="fake")(torch.randn(512, 512), torch.randn(512, 512))
     (mm,) = _tensor_work(gm)

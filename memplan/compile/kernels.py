@@ -24,6 +24,7 @@ import torch.utils._pytree as pytree
 from memplan.compile import compat
 from memplan.core.errors import AllocatorUnreadable
 from memplan.planner.allocator import readable, recording
+from memplan.planner.made_up import float_pool, made_up, span
 
 
 @dataclass(frozen=True)
@@ -36,19 +37,9 @@ class TensorSpec:
     dtype: torch.dtype
     device: torch.device
 
-    def made(self) -> torch.Tensor:
-        """A tensor of this layout: random floats, zero integers (valid indices)."""
-        extent = (
-            1
-            + self.offset
-            + sum((s - 1) * t for s, t in zip(self.size, self.stride, strict=True) if s)
-        )
-        storage = torch.empty(max(extent, 1), dtype=self.dtype, device=self.device)
-        if storage.is_floating_point():
-            storage.normal_()
-        else:
-            storage.zero_()
-        return storage.as_strided(self.size, self.stride, self.offset)
+    def made(self, floats: torch.Tensor) -> torch.Tensor:
+        """A tensor of this layout, made up from `floats` (planner/made_up.py)."""
+        return made_up(self.size, self.stride, self.offset, self.dtype, self.device, floats)
 
 
 @dataclass(frozen=True)
@@ -138,11 +129,15 @@ _MEASURED: dict[str, int | None] = {}
 def _measured(call: KernelCall) -> int | None:
     """One call's workspace (the module's docstring), after one unmeasured call (a first
     call sets up what later ones reuse); None where the call fails."""
-    args = pytree.tree_map(lambda x: x.made() if isinstance(x, TensorSpec) else x, call.args)
-    kwargs = {k: v.made() if isinstance(v, TensorSpec) else v for k, v in call.kwargs}
-    device = next((x.device for x in pytree.tree_leaves(args) if isinstance(x, torch.Tensor)), None)
-    if device is None:
+    specs = [
+        x for x in pytree.tree_leaves((call.args, dict(call.kwargs))) if isinstance(x, TensorSpec)
+    ]
+    if not specs:
         return None
+    device = specs[0].device
+    floats = float_pool(max(span(s.size, s.stride) for s in specs), device)
+    args = pytree.tree_map(lambda x: x.made(floats) if isinstance(x, TensorSpec) else x, call.args)
+    kwargs = {k: v.made(floats) if isinstance(v, TensorSpec) else v for k, v in call.kwargs}
     try:
         call.op(*args, **kwargs)
         if device.type == "cuda":

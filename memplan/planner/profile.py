@@ -9,10 +9,8 @@ allocation events inside a range around the node, on CUDA from max_memory_alloca
 around it (planner/allocator.py).
 
 Inputs are synthesised from the placeholders' `meta["val"]`, so any AOTAutograd graph runs.
-Their floats are tiled from a small pool drawn once per graph with a generator of its own:
-drawing each value afresh (torch.randn) took 9.3 s of a mixture-of-experts decoder's
-profiling on a 2-core CPU (5793 values, 940 million floats), where copying takes a
-fraction, and the step's own random state stays as the user left it.
+Their values are made up (planner/made_up.py) from one pool per graph, so the step's own
+random state stays as the user left it.
 """
 
 from __future__ import annotations
@@ -37,6 +35,7 @@ from memplan.core.config import shows_progress
 from memplan.core.devices import DeviceSpec
 from memplan.core.errors import MemplanWarning, UnsupportedModel
 from memplan.planner import allocator
+from memplan.planner.made_up import float_pool, made_up, span
 from memplan.planner.pass_values import PassValues
 from memplan.planner.profile_cache import Cost, ProfileCache, node_key
 from memplan.planner.roofline import (
@@ -46,10 +45,6 @@ from memplan.planner.roofline import (
     roofline_seconds,
 )
 from memplan.planner.shapes import concrete, hint
-
-# Floats in the pool values are tiled from (256 KiB of float32): random enough that no
-# kernel meets a special case (zeros, a constant), small beside what a pass holds.
-_POOL_FLOATS = 1 << 16
 
 # The profiler range around node i of the transient pass.
 _RANGE = "memplan.node."
@@ -358,19 +353,12 @@ def _val(node: fx.Node) -> object:
 
 def _synthesise(val: object, device: torch.device, floats: torch.Tensor) -> object:
     """A real value like `val`, with its strides (a kernel may copy an input of another
-    layout, and that copy is part of its transient): floats tiled from `floats`, zero
-    integers (always a valid index)."""
+    layout, and that copy is part of its transient), made up (`made_up`)."""
 
     def make(v: object) -> object:
         if not isinstance(v, torch.Tensor):
             return concrete(v)
-        shape, stride = _layout(v)
-        span = _span(shape, stride)
-        if v.dtype.is_floating_point or v.dtype.is_complex:
-            storage = _tiled(torch.empty(span, dtype=v.dtype, device=device), floats)
-        else:
-            storage = torch.zeros(span, dtype=v.dtype, device=device)
-        return storage.as_strided(shape, stride)
+        return made_up(*_layout(v), 0, v.dtype, device, floats)
 
     return tree_map(make, val)
 
@@ -380,32 +368,13 @@ def _layout(v: torch.Tensor) -> tuple[list[int], list[int]]:
     return [hint(s) for s in v.shape], [hint(s) for s in v.stride()]
 
 
-def _span(shape: list[int], stride: list[int]) -> int:
-    """The elements of storage a tensor of this layout reaches."""
-    return 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) if all(shape) else 0
-
-
 def _float_pool(nodes: list[fx.Node], device: torch.device) -> torch.Tensor:
-    """Random float32s on `device`, as many as the longest floating value of `nodes` spans
-    up to _POOL_FLOATS (at least one), from a generator seeded for this pool alone."""
+    """The pool values are tiled from: as long as the longest floating value of `nodes`,
+    up to its cap."""
     spans = (
-        _span(*_layout(v))
+        span(*_layout(v))
         for node in nodes
         for v in tree_leaves(node.meta.get("val"))
         if isinstance(v, torch.Tensor) and (v.dtype.is_floating_point or v.dtype.is_complex)
     )
-    count = max(1, min(_POOL_FLOATS, max(spans, default=1)))
-    return torch.randn(count, generator=torch.Generator().manual_seed(0)).to(device)
-
-
-def _tiled(out: torch.Tensor, floats: torch.Tensor) -> torch.Tensor:
-    """`out` (1-D) filled with `floats` repeated: one copy from the pool, then copies of
-    what is filled already, doubling it, so a value of n floats takes log2(n / pool)
-    copies."""
-    filled = min(out.numel(), floats.numel())
-    out[:filled].copy_(floats[:filled])
-    while filled < out.numel():
-        more = min(filled, out.numel() - filled)
-        out[filled : filled + more].copy_(out[:more])
-        filled += more
-    return out
+    return float_pool(max(spans, default=1), device)
