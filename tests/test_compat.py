@@ -74,6 +74,29 @@ def test_an_inductor_compile_is_read_and_runs():
     torch.testing.assert_close(result, (x * 2).sin() + 1)
 
 
+def test_a_read_compile_builds_its_kernels_at_its_first_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A round the search does not keep is never called: its kernels are never built
+    (compat.building_at_first_call). The kept one builds them as it is first called."""
+    from torch._inductor.async_compile import AsyncCompile
+
+    built: list[str] = []
+    build = AsyncCompile.cpp_pybinding
+
+    def counted(self: AsyncCompile, argtypes: list[str], source_code: str) -> object:
+        built.append(source_code)
+        return build(self, argtypes, source_code)
+
+    monkeypatch.setattr(AsyncCompile, "cpp_pybinding", counted)
+    read = compile_reading(_traced(), {})
+    assert built == []
+    x = torch.ones(512, 512)
+    (result,) = read.compiled([x])
+    assert len(built) == 1
+    torch.testing.assert_close(result, (x * 2).sin() + 1)
+
+
 def test_a_wrapper_that_cannot_be_read_raises_not_emittable_not_inductors_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -178,6 +178,77 @@ def reading_wrapper(read: Callable[[Any], None]) -> Iterator[None]:
         PythonWrapperCodegen.memory_plan_reuse = planned  # type: ignore[method-assign]
 
 
+class _BuiltAtFirstCall:
+    """A compiled graph's wrapper module, loaded at its first call: loading it is what
+    builds its kernels (each C++ or Triton kernel is compiled as the module runs)."""
+
+    def __init__(self, load: Callable[[], Any], path: str) -> None:
+        self.__file__ = path
+        self.runner = _NoPartitions()
+        self._load = load
+        self._module: Any = None
+
+    def call(self, args: list[Any]) -> Any:
+        if self._module is None:
+            self._module = self._load()
+        return self._module.call(args)
+
+
+class _NoPartitions:
+    """The `runner` of a wrapper without partitions, `Runner(partitions=[])`, as Inductor
+    reads it before a first call: nothing to apply functions to."""
+
+    def __init__(self) -> None:
+        self.partitions: list[Any] = []
+
+    def recursively_apply_fns(self, fns: list[Any]) -> None:
+        """No partition to apply `fns` to."""
+
+
+# How a wrapper without partitions (cudagraph ones) makes its runner; one with partitions
+# is loaded at once.
+_UNPARTITIONED = "runner = Runner(partitions=[])"
+
+
+@contextlib.contextmanager
+def building_at_first_call() -> Iterator[None]:
+    """While open, a graph Inductor compiles has its wrapper code written but not loaded:
+    its kernels are built at its first call. A compile that is never called (a round the
+    search does not keep) builds none."""
+    from torch._inductor import config
+    from torch._inductor.codecache import PyCodeCache
+    from torch._inductor.graph import GraphLowering
+
+    to_module = GraphLowering.__dict__["_compile_to_module_lines"]
+    load = PyCodeCache.__dict__["load_by_key_path"]
+    loaded = PyCodeCache.load_by_key_path  # bound before it is patched: a first call is after
+
+    def deferred(key: str, path: str, *args: Any, **kwargs: Any) -> _BuiltAtFirstCall:
+        # Built under the settings it was generated under (the user's, a round's lane).
+        settings = config.get_config_copy()
+
+        def load_now() -> Any:
+            with config.patch(settings):
+                return loaded(key, path, *args, **kwargs)
+
+        return _BuiltAtFirstCall(load_now, path)
+
+    def compile_to_module_lines(self: Any, wrapper_code: Any) -> Any:
+        if "runner = Runner(" in wrapper_code.value and _UNPARTITIONED not in wrapper_code.value:
+            return to_module(self, wrapper_code)
+        PyCodeCache.load_by_key_path = staticmethod(deferred)  # type: ignore[method-assign,assignment]
+        try:
+            return to_module(self, wrapper_code)
+        finally:
+            PyCodeCache.load_by_key_path = load  # type: ignore[method-assign]
+
+    GraphLowering._compile_to_module_lines = compile_to_module_lines  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        GraphLowering._compile_to_module_lines = to_module  # type: ignore[method-assign]
+
+
 def current_compile_id() -> Any:
     """The id of the Dynamo compile in progress (frame id, compile count), or None."""
     return torch._guards.CompileContext.current_compile_id()
