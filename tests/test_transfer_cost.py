@@ -44,6 +44,12 @@ def test_the_calls_are_measured_once_per_device_and_then_read_from_the_cache(tmp
     assert len(timings) == 1
 
 
+def test_measuring_the_calls_leaves_the_random_state_as_it_was(timings):
+    state = torch.get_rng_state()
+    transfer_seconds(CPU)
+    assert timings and torch.equal(torch.get_rng_state(), state)
+
+
 def test_without_measuring_the_estimate_is_used(timings):
     assert transfer_seconds(CPU, measure=False) == ESTIMATED_SECONDS
     assert timings == []

@@ -11,7 +11,8 @@ to) each adds to the step. On an H200 (2026-11-28, docs/gpu.md) a round trip too
 nothing, plans offloading 45 tensors were predicted faster than recomputing and ran three
 times slower.
 
-Measured once per device and torch version, and kept in the profile cache. Where the calls
+Measured once per device and torch version, on a made-up tensor (planner/made_up.py: the
+user's random state is left as it was), and kept in the profile cache. Where the calls
 fail to run (a device short of pinned host memory, say), the estimate is used with a
 MemplanWarning that names the failure, and nothing is cached, as profile.py does for a
 node that cannot run alone.
@@ -28,6 +29,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from memplan.core.errors import MemplanWarning
 from memplan.passes.offload import OFFLOAD, PREFETCH, RELEASE, WAIT
+from memplan.planner.made_up import float_pool, made_up
 from memplan.planner.profile_cache import Cost, ProfileCache, device_name
 
 # Where the calls cannot be timed (planning for a GPU one does not have): half of the
@@ -68,7 +70,8 @@ def transfer_seconds(
 def _measured(device: torch.device) -> float:
     """Half the median host time of a round trip of the four calls, as a compiled step
     makes them: with nothing waited on in between."""
-    tensor = torch.randn(_MEASURED_BYTES // 4, device=device)
+    floats = _MEASURED_BYTES // 4
+    tensor = made_up((floats,), (1,), 0, torch.float32, device, float_pool(floats, device))
     after = [torch.empty(1, device=device)]
 
     def round_trip() -> None:
