@@ -129,15 +129,15 @@ _MEASURED: dict[str, int | None] = {}
 def _measured(call: KernelCall) -> int | None:
     """One call's workspace (the module's docstring), after one unmeasured call (a first
     call sets up what later ones reuse); None where the call fails."""
-    specs = [
-        x for x in pytree.tree_leaves((call.args, dict(call.kwargs))) if isinstance(x, TensorSpec)
-    ]
+    given = (call.args, dict(call.kwargs))
+    specs = [x for x in pytree.tree_leaves(given) if isinstance(x, TensorSpec)]
     if not specs:
         return None
     device = specs[0].device
     floats = float_pool(max(span(s.size, s.stride) for s in specs), device)
-    args = pytree.tree_map(lambda x: x.made(floats) if isinstance(x, TensorSpec) else x, call.args)
-    kwargs = {k: v.made(floats) if isinstance(v, TensorSpec) else v for k, v in call.kwargs}
+    args, kwargs = pytree.tree_map(
+        lambda x: x.made(floats) if isinstance(x, TensorSpec) else x, given
+    )
     try:
         call.op(*args, **kwargs)
         if device.type == "cuda":
