@@ -18,6 +18,7 @@ from memplan.compile.search import (
     holds,
     kept,
     next_attempt,
+    worth_compiling,
 )
 
 ON, OFF, WRITTEN = Lane(), Lane(layout=False), Lane(written=True)
@@ -29,10 +30,13 @@ def outcome(aim, peak, planned, *, least=False, time=1.0, lane=ON, held=0, saves
 
 def replay(goal: Goal, compiled: dict[tuple[int, Lane], tuple[int, int, bool, float]]):
     """Run the policy against a table of what each attempt gives: (peak, planned peak,
-    least, time) by (aim, lane); the rounds made, in order."""
+    least, time) by (aim, lane); the rounds made, in order. The time is its plan's,
+    known before the round is compiled."""
     history: list[Outcome] = []
     while (attempt := next_attempt(history, goal)) is not None:
         peak, planned, least, time = compiled[(attempt.aim, attempt.lane)]
+        if not worth_compiling(history, goal, time):
+            break
         history.append(
             outcome(attempt.aim, peak, planned, least=least, time=time, lane=attempt.lane)
         )
@@ -51,6 +55,23 @@ def test_a_round_within_the_target_with_little_room_ends_the_search():
 def test_a_round_well_within_the_target_is_followed_by_one_aimed_higher_by_the_room():
     # 800 of 1000 as compiled: 200 of room, so the next plan may keep 200 more
     assert next_attempt([outcome(1000, 800, 1000)], Goal(1000)) == Attempt(1200)
+
+
+def test_a_raised_round_is_compiled_only_where_its_plan_is_predicted_faster_by_2_percent():
+    # 800 of 1000: raised to 1200, whose plan is made before it is compiled
+    history = [outcome(1000, 800, 1000, time=1.0)]
+    assert worth_compiling(history, Goal(1000), 0.97)
+    assert not worth_compiling(history, Goal(1000), 0.99)
+    # no round holds the target yet: every round is worth its compile, however slow
+    assert worth_compiling([outcome(1000, 1100, 1000, time=1.0)], Goal(1000), 5.0)
+
+
+def test_a_search_whose_raise_buys_no_time_ends_at_the_round_it_would_raise():
+    table = {(1000, ON): (800, 1000, False, 1.0), (1200, ON): (990, 1200, False, 0.995)}
+    rounds = replay(Goal(1000), table)
+    assert [o.attempt.aim for o in rounds] == [1000]
+    table[(1200, ON)] = (990, 1200, False, 0.9)
+    assert [o.attempt.aim for o in replay(Goal(1000), table)] == [1000, 1200]
 
 
 def test_a_round_that_saves_nothing_is_not_raised():

@@ -26,7 +26,16 @@ import torch
 from memplan.compile import compat
 from memplan.compile.inductor import NotEmittable, compile_reading, inductor_compile, input_specs
 from memplan.compile.kernels import workspaces
-from memplan.compile.search import Attempt, Goal, Lane, Outcome, holds, kept, next_attempt
+from memplan.compile.search import (
+    Attempt,
+    Goal,
+    Lane,
+    Outcome,
+    holds,
+    kept,
+    next_attempt,
+    worth_compiling,
+)
 from memplan.core.budget import Budget
 from memplan.core.emitted import step_graph
 from memplan.core.errors import (
@@ -110,7 +119,10 @@ class GraphSearch:
         goal = self._goal(prepared)
         rounds: list[Round] = []
         while (attempt := next_attempt(self.history, goal)) is not None:
-            made = self._round(prepared, attempt, rounds)
+            planned = self._plan(prepared, attempt, part.reuse)
+            if not worth_compiling(self.history, goal, planned.plan.predicted_time):
+                break
+            made = self._round(planned, attempt, rounds)
             rounds.append(made)
             self.history.append(made.outcome)
             if part.reuse is not None or self.settings is None:
@@ -190,10 +202,9 @@ class GraphSearch:
                 options=dataclasses.replace(part.options, best_effort=True),
             )
 
-    def _round(self, prepared: Prepared, attempt: Attempt, rounds: list[Round]) -> Round:
-        """One round: the plan at `attempt`, compiled and read; a plan an earlier round of
-        the lane made is that round's again, not compiled twice."""
-        planned = self._plan(prepared, attempt, self.partitioner.reuse)
+    def _round(self, planned: Planned, attempt: Attempt, rounds: list[Round]) -> Round:
+        """One round: `planned` (the plan at `attempt`), compiled and read; a plan an
+        earlier round of the lane made is that round's again, not compiled twice."""
         for earlier in rounds:
             same_lane = earlier.outcome.attempt.lane.layout == attempt.lane.layout
             if same_lane and (earlier.planned.way, earlier.planned.schedule) == (

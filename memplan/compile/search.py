@@ -10,7 +10,8 @@ tested from a table without torch (tests/test_search.py):
 - the first round aims at the target (the graph's budget);
 - a round over the target is followed by one aimed lower by how far it was over; one
   well under it, that recomputes or offloads, by one aimed higher by the room it left
-  (less recomputation, a faster step);
+  (less recomputation, a faster step), where its plan, made before it is compiled,
+  is predicted faster by FASTER of the step (`worth_compiling`);
 - a lane ends at its least-memory plan, followed by one round aimed at that plan's peak
   as compiled where it compiles higher than planned (recomputing less, its kernels can
   peak lower);
@@ -34,6 +35,13 @@ MAX_ROUNDS = 8
 SLACK = 0.05
 # Aims this close (a share of the target) make the same plan, or nearly.
 SAME_AIM = 0.001
+# A raised round costs an Inductor compile, as long as torch.compile's own; a plan
+# predicted faster by less than this share of the step is one no measurement here tells
+# from the kept round's (the head to head allows 2% for a shared machine's noise, and one
+# plan has read 5% apart in fresh processes). The tests' MLP at 60% made a third round
+# that bought 0.45% of predicted time: without it, its first step took 12.3 and 10.2 s
+# against 16.7 and 15.3 s (2-core CPU, Inductor's kernel cache warm, 2026-12-07).
+FASTER = 0.02
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,17 @@ def next_attempt(history: Sequence[Outcome], goal: Goal) -> Attempt | None:
         if attempt is not None:
             return attempt
     return None
+
+
+def worth_compiling(history: Sequence[Outcome], goal: Goal, time: float) -> bool:
+    """Whether the round `next_attempt` gave, its plan predicted to take `time`, is worth
+    its compile: any round while none holds the target; a raised one (some round holds it)
+    only where it is predicted faster than the round it would replace by FASTER of its
+    time. Otherwise the search is over."""
+    within = [o for o in history if holds(o, goal)]
+    if not within:
+        return True
+    return time < within[kept(within, goal)].time * (1 - FASTER)
 
 
 def kept(history: Sequence[Outcome], goal: Goal) -> int:
