@@ -74,6 +74,18 @@ def test_a_search_whose_raise_buys_no_time_ends_at_the_round_it_would_raise():
     assert [o.attempt.aim for o in replay(Goal(1000), table)] == [1000, 1200]
 
 
+def test_a_raise_that_goes_over_is_followed_once_by_one_aimed_lower_by_how_far_over():
+    # 800 of 1000, raised to 1200: planned 1150, it compiles to 1010, 10 over; so 1140
+    table = {(1000, ON): (800, 1000, False, 1.0), (1200, ON): (1010, 1150, False, 0.9),
+             (1140, ON): (1005, 1140, False, 0.92)}  # fmt: skip
+    rounds = replay(Goal(1000), table)
+    assert [o.attempt.aim for o in rounds] == [1000, 1200, 1140]
+    assert rounds[kept(rounds, Goal(1000))].attempt.aim == 1000  # over again: no more
+    table[(1140, ON)] = (995, 1140, False, 0.92)
+    rounds = replay(Goal(1000), table)
+    assert rounds[kept(rounds, Goal(1000))].attempt.aim == 1140
+
+
 def test_a_round_that_saves_nothing_is_not_raised():
     assert next_attempt([outcome(1000, 800, 1000, saves=False)], Goal(1000)) is None
 

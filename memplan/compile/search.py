@@ -11,7 +11,8 @@ tested from a table without torch (tests/test_search.py):
 - a round over the target is followed by one aimed lower by how far it was over; one
   well under it, that recomputes or offloads, by one aimed higher by the room it left
   (less recomputation, a faster step), where its plan, made before it is compiled,
-  is predicted faster by FASTER of the step (`worth_compiling`);
+  is predicted faster by FASTER of the step (`worth_compiling`); a raise that goes over
+  the target is followed, once, by one aimed lower by how far over;
 - a lane ends at its least-memory plan, followed by one round aimed at that plan's peak
   as compiled where it compiles higher than planned (recomputing less, its kernels can
   peak lower);
@@ -151,8 +152,16 @@ def _lanes(goal: Goal) -> list[Lane]:
 
 def _raised(history: Sequence[Outcome], within: Sequence[Outcome], goal: Goal) -> Attempt | None:
     """Where the fastest round within the target left room under it, the round aimed
-    higher by that room (it recomputes less), once per lane's aim."""
+    higher by that room (it recomputes less), once per lane's aim; where that raise went
+    over the target, one round between the two."""
     best = within[kept(within, goal)]
+    last = history[-1]
+    # A raise that went over the target: once, one aimed lower by how far over, between
+    # the two (its plan is compiled only where it still buys FASTER of the step).
+    if len(history) >= 2 and not holds(last, goal) and holds(history[-2], goal):
+        over = _need(last, goal) - goal.target
+        lower = max(LEAST, min(last.attempt.aim, last.planned_peak) - over)
+        return _fresh(history, Attempt(lower, last.attempt.lane), goal)
     room = goal.target - _need(best, goal)
     fixed = best.attempt.lane.written  # the step as written is one plan at any aim
     if fixed or best.repeat or best.least or not best.saves or room <= SLACK * goal.target:
