@@ -117,9 +117,10 @@ def next_attempt(history: Sequence[Outcome], goal: Goal) -> Attempt | None:
 
 def worth_compiling(history: Sequence[Outcome], goal: Goal, time: float) -> bool:
     """Whether the round `next_attempt` gave, its plan predicted to take `time`, is worth
-    its compile: any round while none holds the target; a raised one (some round holds it)
-    only where it is predicted faster than the round it would replace by FASTER of its
-    time. Otherwise the search is over."""
+    its compile: any round while none holds the target; one made while some round holds
+    it (a raise, or the round after a raise that went over) only where it is predicted
+    faster than the round it would replace by FASTER of its time. Otherwise the search
+    is over."""
     within = [o for o in history if holds(o, goal)]
     if not within:
         return True
@@ -154,7 +155,6 @@ def _raised(history: Sequence[Outcome], within: Sequence[Outcome], goal: Goal) -
     """Where the fastest round within the target left room under it, the round aimed
     higher by that room (it recomputes less), once per lane's aim; where that raise went
     over the target, one round between the two."""
-    best = within[kept(within, goal)]
     last = history[-1]
     # A raise that went over the target: once, one aimed lower by how far over, between
     # the two (its plan is compiled only where it still buys FASTER of the step).
@@ -162,6 +162,7 @@ def _raised(history: Sequence[Outcome], within: Sequence[Outcome], goal: Goal) -
         over = _need(last, goal) - goal.target
         lower = max(LEAST, min(last.attempt.aim, last.planned_peak) - over)
         return _fresh(history, Attempt(lower, last.attempt.lane), goal)
+    best = within[kept(within, goal)]
     room = goal.target - _need(best, goal)
     fixed = best.attempt.lane.written  # the step as written is one plan at any aim
     if fixed or best.repeat or best.least or not best.saves or room <= SLACK * goal.target:
