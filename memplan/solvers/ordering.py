@@ -123,15 +123,23 @@ class _Profiler:
         segments = [[v, *self.users[v]] for v in range(n)]
         self.flat = np.array([x for segment in segments for x in segment], dtype=np.int64)
         self.starts = np.cumsum([0] + [len(s) for s in segments[:-1]]).astype(np.int64)
+        self.has_workspace = bool(self.workspace.any())
 
     def memory(self, positions: np.ndarray) -> np.ndarray:
-        """Bytes resident at each step (a copy from its step through its last read)."""
+        """Bytes resident at each step (a copy from its step through its last read). The
+        annealing calls it once per move, so it makes few numpy calls (methods, not
+        numpy's wrappers) and no sort: each node's workspace is scattered to its step."""
         if self.n == 0:
             return np.zeros(0)
-        last = np.maximum.reduceat(positions[self.flat], self.starts)
+        last = np.maximum.reduceat(positions.take(self.flat), self.starts)
         change = np.bincount(positions, self.bytes, self.n + 1)
         change -= np.bincount(last + 1, self.bytes, self.n + 1)
-        return np.cumsum(change[:-1]) + self.workspace[np.argsort(positions)]
+        memory = change[:-1].cumsum()
+        if self.has_workspace:
+            by_step = np.empty(self.n)
+            by_step[positions] = self.workspace
+            memory += by_step
+        return memory
 
 
 def _greedy(graph: Graph, rng: random.Random | None) -> list[int]:
@@ -183,7 +191,7 @@ def _anneal(
     positions = _positions(order)
 
     def cost(memory: np.ndarray) -> tuple[float, float]:
-        return float(np.maximum(memory - target, 0).sum()), float(memory.max(initial=0))
+        return float((memory - target).clip(min=0).sum()), float(memory.max(initial=0))
 
     def rank(found: tuple[float, float]) -> tuple[float, float]:
         return (found[1], found[0]) if least_peak else found
