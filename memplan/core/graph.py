@@ -174,6 +174,16 @@ class Graph:
         """The incoming gradients of the backward."""
         return tuple(n.id for n in self.nodes if n.kind is NodeKind.TANGENT)
 
+    @cached_property  # read by every schedule the training solvers build
+    def gradient_driven(self) -> tuple[int, ...]:
+        """Backward compute nodes with an incoming gradient among their ancestors, in
+        order (the rest read saved tensors alone: views and transposes of them)."""
+        driven = set(self.tangent_ids)
+        for u in self.backward_ids:
+            if any(s in driven for s in self.nodes[u].inputs):
+                driven.add(u)
+        return tuple(u for u in self.backward_ids if u in driven)
+
     @cached_property
     def saved_candidates(self) -> tuple[int, ...]:
         """Forward compute nodes that some backward node reads: what a planner decides on.

@@ -10,7 +10,7 @@ schedule, so that all of them are judged on the same footing.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -94,7 +94,7 @@ def build_schedule(
     available.update(v for v in graph.forward_ids if decision(v) is Decision.KEEP)
     backward: list[Step] = [Compute(t) for t in graph.tangent_ids]
     available.update(graph.tangent_ids)
-    driven = _gradient_driven(graph)
+    driven = graph.gradient_driven
     pinned_until = _pinned_until(graph, decisions, driven)
     # Backward nodes that read no gradient (views and transposes of saved tensors) are run
     # on demand, as the autograd engine would, so they do not extend lifetimes.
@@ -123,17 +123,8 @@ def simulate_decisions(
     return schedule, simulate(graph, schedule, bandwidth=bandwidth)
 
 
-def _gradient_driven(graph: Graph) -> list[int]:
-    """Backward nodes with a tangent among their ancestors, in order."""
-    driven = set(graph.tangent_ids)
-    for u in graph.backward_ids:
-        if any(s in driven for s in graph[u].inputs):
-            driven.add(u)
-    return [u for u in graph.backward_ids if u in driven]
-
-
 def _pinned_until(
-    graph: Graph, decisions: Mapping[int, Decision], driven: list[int]
+    graph: Graph, decisions: Mapping[int, Decision], driven: Sequence[int]
 ) -> dict[int, int]:
     """Pinned owners (pinned_owners), each with the last position in `driven` at which its
     storage is read through a view (a kept candidate, or a view the backward takes of
