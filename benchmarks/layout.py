@@ -5,7 +5,8 @@ is the highest address of the plan's layout (planner/layout.py), fragmentation i
 what one block of device memory must hold for every tensor to get an address. For each
 case the arena is laid out by each layout method ("size": best fit, largest first;
 "start": first fit in allocation order, like an online allocator; "best": the better of
-the two, then CP-SAT where there are at most layout.EXACT_LIMIT allocations), once
+the two, then CP-SAT where there are at most layout.EXACT_LIMIT allocations, except on a
+zoo plan in live mode, whose arena is only reported), once
 without fragmentation-aware planning (the budget bounds the live peak) and once with it
 (the budget bounds the arena; planner/fragmentation.py).
 
@@ -599,7 +600,9 @@ def markdown(data: dict[str, Any]) -> str:
         f"in 2-D, {EXACT_TIME_LIMIT:g} s, the layout's own limit; a zoo plan's is the "
         "solver's time limit where that is lower) where "
         f"there are at most {EXACT_LIMIT} allocations "
-        "and the heuristic is above the live peak. A layout's status: `optimal` (at the live "
+        "and the heuristic is above the live peak; a zoo plan in live mode, whose arena "
+        "the budget does not bound, keeps the better heuristic. A layout's status: "
+        "`optimal` (at the live "
         "peak, or proved by CP-SAT), `feasible` (CP-SAT, not proved), `heuristic`.",
         "",
         'Without fragmentation-aware planning (**live mode**, `fragmentation="live"`) the '

@@ -233,6 +233,9 @@ def test_every_method_gives_a_valid_layout_no_smaller_than_the_live_peak(allocat
     assert layouts["best"].arena <= heuristic
     if layouts["exact"].status == layouts["best"].status == "optimal":
         assert layouts["best"].arena == layouts["exact"].arena
+    # unproved (a plan whose budget bounds live bytes), "best" is the better heuristic
+    unproved = lay_out(allocations, "best", alignment=alignment, prove=False)
+    assert unproved.arena == heuristic and unproved.method in ("size", "start")
     # the same input gives the same layout (one CP-SAT worker)
     again = lay_out(allocations, "exact", alignment=alignment, time_limit=EXACT_SECONDS)
     if again.status == "optimal" == layouts["exact"].status:

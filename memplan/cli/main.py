@@ -159,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULTS.layout,
         help="how allocations are laid out in the arena: 'size', best fit, largest first; "
         "'start', first fit in allocation order; 'exact', CP-SAT; 'best', the better "
-        f"heuristic, then CP-SAT on small graphs (default: {DEFAULTS.layout})",
+        "heuristic, then, where the budget bounds the arena, CP-SAT on small graphs "
+        f"(default: {DEFAULTS.layout})",
     )
     plan.add_argument(
         "--no-measure",

@@ -16,7 +16,8 @@ Methods (`lay_out(..., method=)`):
 - "exact": CP-SAT with one no-overlap-2D constraint (time fixed, offset free), minimizing
   the arena, started from the better heuristic; proved optimal on small schedules.
 - "best": the better heuristic, then "exact" where there are at most EXACT_LIMIT
-  allocations and the heuristic is above the live peak.
+  allocations, the heuristic is above the live peak and the caller asks for the proof
+  (`prove`; a plan whose budget bounds live bytes only reports its arena, and does not).
 No torch here: solvers may call it.
 """
 
@@ -85,8 +86,10 @@ def lay_out(
     *,
     alignment: int = 1,
     time_limit: float = EXACT_TIME_LIMIT,
+    prove: bool = True,
 ) -> Layout:
-    """Place every allocation; the offsets are multiples of `alignment`."""
+    """Place every allocation; the offsets are multiples of `alignment`. Without `prove`,
+    "best" is the better heuristic alone."""
     if method not in METHODS:
         raise MemplanError(f"layout method must be one of {', '.join(METHODS)}, got {method!r}")
     if not (isinstance(alignment, int) and alignment >= 1):
@@ -97,7 +100,8 @@ def lay_out(
     if method in HEURISTICS:
         return _heuristic(allocations, method, alignment)
     best = min((_heuristic(allocations, h, alignment) for h in HEURISTICS), key=_arena)
-    if method == "best" and (best.arena == best.live_peak or len(allocations) > EXACT_LIMIT):
+    at_bound = best.arena == best.live_peak
+    if method == "best" and (at_bound or len(allocations) > EXACT_LIMIT or not prove):
         return best
     return _exact(allocations, best, alignment, time_limit)
 
