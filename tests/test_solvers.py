@@ -11,13 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import chain_graph, training_graphs
 
-from memplan.core.errors import (
-    InfeasibleBudget,
-    InfeasibleBudgetWarning,
-    InvalidSchedule,
-    UnknownSolver,
-    UnsupportedProblem,
-)
+from memplan.core.errors import InfeasibleBudget, InvalidSchedule, UnknownSolver, UnsupportedProblem
 from memplan.core.graph import (
     Compute,
     Decision,
@@ -27,7 +21,6 @@ from memplan.core.graph import (
     NodeKind,
     Offload,
     Prefetch,
-    SolveResult,
     Wait,
 )
 from memplan.core.simulate import simulate
@@ -185,37 +178,6 @@ def test_a_budget_at_the_step_as_written_holds_where_the_solvers_miss_it(monkeyp
     solved = solve_within_budget(written, budget, "greedy", SolverOptions(), as_written=reference)
     assert solved.result.decisions == reference.decisions and solved.trace.peak == budget
     assert solved.note.endswith("this is the step as written")
-
-
-def test_a_best_effort_plan_is_the_named_solvers_fastest_at_the_least_peak(monkeypatch):
-    """Where nothing holds the budget, the least peak found becomes it, and the named
-    solver plans again at that peak: of two schedules at the least peak, the faster is
-    kept, not the least-memory search's. Here recomputing f0 alone (12 s) and f0 and f2
-    (13 s) both peak at the least, 438 B; the fallback's least-memory search answers the
-    slower one."""
-    g = chain_graph(3, act_bytes=100, param_bytes=10)
-    f0, f2 = g.by_name["f0"], g.by_name["f2"]
-
-    def recomputing(*names: int) -> SolveResult:
-        decisions = dict.fromkeys(names, Decision.RECOMPUTE)
-        return SolveResult("stub", "feasible", build_schedule(g, decisions), decisions=decisions)
-
-    least, fast, slow = 438, recomputing(f0), recomputing(f0, f2)
-    assert peak_of(g, fast) == peak_of(g, slow) == least
-    assert simulate(g, fast.schedule).time < simulate(g, slow.schedule).time
-
-    def named(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResult:
-        return fast if budget == least else keep_all(graph, budget, options)
-
-    def least_memory(graph: Graph, budget: int | None, options: SolverOptions) -> SolveResult:
-        return slow
-
-    solvers = {"director": named, "greedy": least_memory}
-    monkeypatch.setattr(solve_module, "get_solver", solvers.__getitem__)
-    with pytest.warns(InfeasibleBudgetWarning):
-        solved = solve_within_budget(g, least - 10, "director", NO_LINK, best_effort=True)
-    assert solved.budget == least and solved.result.status == "best-effort"
-    assert solved.result.decisions == fast.decisions
 
 
 def test_build_schedule_recomputes_every_output_of_a_multi_output_node_at_once():

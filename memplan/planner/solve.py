@@ -7,9 +7,8 @@ on the general one, first at the budget and then for its least peak; the note sa
 which schedule was returned. The step as the model is written (`as_written`, where the
 caller has it) stands in next, so that a budget at its peak (100%) always holds. Where
 nothing found fits: with best_effort, the least peak found becomes the budget, with a
-warning (what torch.compile does per graph), and the named solver plans again at it,
-its schedule kept where it is faster; else InfeasibleBudget names the least peak and
-who found it. No torch here.
+warning (what torch.compile does per graph); else InfeasibleBudget names the least peak
+and who found it. No torch here.
 """
 
 from __future__ import annotations
@@ -160,14 +159,6 @@ def _solve_within_budget(
     if not best_effort:
         bound = peak_lower_bound(graph) if options.problem == "general" else None
         raise InfeasibleBudget(budget, peak, least_by, lower_bound=bound)
-    # The least-memory search minimizes the peak alone. At that peak the named solver,
-    # which minimizes time within a budget, can find a faster schedule: on ResNet's
-    # graph under Inductor, one predicted 80 ms against the least's 150 ms, 1.3 KB apart.
-    at_least = _found(graph, get_solver(solver)(graph, peak, options), options)
-    cut_short = cut_short or ran_out(at_least.result, options)
-    faster = at_least.trace is not None and at_least.trace.time < least.trace.time
-    if faster and at_least.peak <= peak:
-        least = at_least
     note = (
         f"{graph.name}: budget {format_bytes(budget)} is infeasible; planned for "
         f"its smallest feasible peak {format_bytes(peak)} instead"
