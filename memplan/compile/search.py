@@ -159,9 +159,7 @@ def _raised(history: Sequence[Outcome], within: Sequence[Outcome], goal: Goal) -
     # A raise that went over the target: once, one aimed lower by how far over, between
     # the two (its plan is compiled only where it still buys FASTER of the step).
     if len(history) >= 2 and not holds(last, goal) and holds(history[-2], goal):
-        over = _need(last, goal) - goal.target
-        lower = max(LEAST, min(last.attempt.aim, last.planned_peak) - over)
-        return _fresh(history, Attempt(lower, last.attempt.lane), goal)
+        return _fresh(history, _lowered(last, goal), goal)
     best = within[kept(within, goal)]
     room = goal.target - _need(best, goal)
     fixed = best.attempt.lane.written  # the step as written is one plan at any aim
@@ -182,9 +180,7 @@ def _in_lane(history: Sequence[Outcome], lane: Lane, goal: Goal) -> Attempt | No
     last, least = ours[-1], [o for o in ours if o.least]
     # Below a lane's least-memory plan no aim is lower: its rounds end there.
     if not least and not last.repeat and not _lowered_in_vain(ours, goal):
-        over = _need(last, goal) - goal.target
-        lower = max(LEAST, min(last.attempt.aim, last.planned_peak) - over)
-        attempt = _fresh(history, Attempt(lower, lane), goal)
+        attempt = _fresh(history, _lowered(last, goal), goal)
         if attempt is not None:
             return attempt
     if not least:
@@ -193,6 +189,13 @@ def _in_lane(history: Sequence[Outcome], lane: Lane, goal: Goal) -> Attempt | No
     if lowest.peak > lowest.planned_peak * (1 + SLACK):
         return _fresh(history, Attempt(lowest.peak, lane), goal)
     return None
+
+
+def _lowered(last: Outcome, goal: Goal) -> Attempt:
+    """The round after `last`, which went over the target, in its lane: aimed lower than
+    the lesser of its aim and its plan's peak by how far over it went."""
+    over = _need(last, goal) - goal.target
+    return Attempt(max(LEAST, min(last.attempt.aim, last.planned_peak) - over), last.attempt.lane)
 
 
 def _lowered_in_vain(ours: Sequence[Outcome], goal: Goal) -> bool:
