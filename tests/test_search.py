@@ -86,6 +86,21 @@ def test_a_raise_that_goes_over_is_followed_once_by_one_aimed_lower_by_how_far_o
     assert rounds[kept(rounds, Goal(1000))].attempt.aim == 1140
 
 
+def test_no_raise_aims_at_or_past_an_aim_that_went_over():
+    # The MLP at 11.60 MiB (2-core CPU, 2026-12-07), in KiB: 1200 went over, 1140 held
+    # with 100 of room; raised again to 1240, it would keep more than 1200 did.
+    table = {(1000, ON): (800, 1000, False, 1.0), (1200, ON): (1010, 1150, False, 0.9),
+             (1140, ON): (900, 1140, False, 0.92), (1240, ON): (1010, 1240, False, 0.85)}  # fmt: skip
+    rounds = replay(Goal(1000), table)
+    assert [o.attempt.aim for o in rounds] == [1000, 1200, 1140]
+    assert rounds[kept(rounds, Goal(1000))].attempt.aim == 1140
+    # short of the aim that went over, a raise is still made: 55 of room, so 1195
+    table[(1140, ON)] = (945, 1140, False, 0.92)
+    table[(1195, ON)] = (990, 1195, False, 0.88)
+    rounds = replay(Goal(1000), table)
+    assert [o.attempt.aim for o in rounds] == [1000, 1200, 1140, 1195]
+
+
 def test_a_round_that_saves_nothing_is_not_raised():
     assert next_attempt([outcome(1000, 800, 1000, saves=False)], Goal(1000)) is None
 

@@ -12,7 +12,8 @@ tested from a table without torch (tests/test_search.py):
   well under it, that recomputes or offloads, by one aimed higher by the room it left
   (less recomputation, a faster step), where its plan, made before it is compiled,
   is predicted faster by FASTER of the step (`worth_compiling`); a raise that goes over
-  the target is followed, once, by one aimed lower by how far over;
+  the target is followed, once, by one aimed lower by how far over, and no raise aims
+  at or past an aim that went over;
 - a lane ends at its least-memory plan, followed by one round aimed at that plan's peak
   as compiled where it compiles higher than planned (recomputing less, its kernels can
   peak lower);
@@ -165,7 +166,13 @@ def _raised(history: Sequence[Outcome], within: Sequence[Outcome], goal: Goal) -
     fixed = best.attempt.lane.written  # the step as written is one plan at any aim
     if fixed or best.repeat or best.least or not best.saves or room <= SLACK * goal.target:
         return None
-    return _fresh(history, Attempt(best.attempt.aim + room, best.attempt.lane), goal)
+    raised = Attempt(best.attempt.aim + room, best.attempt.lane)
+    # A higher aim keeps more, so it compiles no lower: a raise to or past an aim of its
+    # lane that went over the target would go over too.
+    over = [o.attempt.aim for o in history if o.attempt.lane == raised.lane and not holds(o, goal)]
+    if any(best.attempt.aim < aim <= raised.aim for aim in over):
+        return None
+    return _fresh(history, raised, goal)
 
 
 def _in_lane(history: Sequence[Outcome], lane: Lane, goal: Goal) -> Attempt | None:
