@@ -134,7 +134,10 @@ def test_a_convolution_graph_no_round_holds_is_tried_without_layout_optimization
     monkeypatch.setattr(memplan_rounds, "simulate", read)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", MemplanWarning)  # not held, where it is not
-        plan = _trained(ZOO["cnn"](batch=2, image=16, channels=4, blocks=1), "90%")
+        # A share is of the step with layout optimization, whose convolutions read
+        # channels-last copies; without it, their kernels copy their inputs themselves,
+        # and the step as traced peaks 1.5 times higher here: 200% holds it.
+        plan = _trained(ZOO["cnn"](batch=2, image=16, channels=4, blocks=1), "200%")
     dropped_at = settings.index(False)
     assert dropped_at >= 2 and set(settings[:dropped_at]) == {True}
     assert plan.options.get("layout_optimization", True) is not lower_without

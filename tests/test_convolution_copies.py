@@ -12,7 +12,9 @@ from torch import nn
 import memplan
 from memplan.core.budget import Budget
 from memplan.core.errors import MemplanError
-from memplan.planner.capture import compile_training_step
+from memplan.passes.contiguous import channels_last_convolution_inputs
+from memplan.planner.capture import compile_training_step, module_copy
+from memplan.planner.lower import lower
 from memplan.planner.options import PlanOptions
 from memplan.planner.partitioner import Partitioner
 from memplan.tools.verify import compare_grads, training_step
@@ -108,3 +110,63 @@ def test_a_view_the_copy_disallows_gets_a_copy_and_trains_like_eager() -> None:
 def test_an_unknown_way_is_one_line_error() -> None:
     with pytest.raises(MemplanError, match="convolution_copies must be one of choose, kernel"):
         PlanOptions(convolution_copies="both")
+
+
+class TwoConvolutions(nn.Module):
+    """Two 2-D convolutions, whose weights and input Inductor's layout optimization copies
+    to channels-last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Conv2d(3, 16, 3, padding=1)
+        self.second = nn.Conv2d(16, 16, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(torch.relu(self.first(x))).square().mean()
+
+
+def test_the_channels_last_copies_are_one_per_input_read_forward_and_backward() -> None:
+    """Each graph input a convolution reads (the batch, both weights) is copied once, the
+    copy read by its convolution and by that convolution's backward, laid out
+    channels-last, and lowered as a tensor the plan keeps."""
+    torch.manual_seed(0)
+    part = _planned(TwoConvolutions(), (torch.randn(4, 3, 32, 32),), "kernel")
+    joint = module_copy(part.lowered[0].joint)
+    assert channels_last_convolution_inputs(joint) == 3
+    copies = joint.graph.find_nodes(op="call_function", target=torch.ops.aten.clone.default)
+    assert len(copies) == 3
+    for copy_node in copies:
+        assert copy_node.args[0].op == "placeholder"
+        assert copy_node.meta["val"].is_contiguous(memory_format=torch.channels_last)
+        readers = {user.target for user in copy_node.users}
+        assert readers == {
+            torch.ops.aten.convolution.default,
+            torch.ops.aten.convolution_backward.default,
+        }, readers
+    lowered = lower(joint, part.lowered[0].num_fwd_outputs)
+    kept = [n for n in lowered.graph if n.name in {c.name for c in copies}]
+    assert len(kept) == 3 and not any(n.recomputable for n in kept)
+
+
+@pytest.mark.parametrize("layout_optimization", [True, False])
+def test_under_inductors_layout_optimization_the_plan_has_its_channels_last_copies(
+    layout_optimization: bool,
+) -> None:
+    """Under Inductor with its layout optimization (on by default, and always on a CPU
+    with convolutions), the graph planned is the one with the channels-last copies;
+    with it off, the graph as traced. Either trains like eager (in float64, so that a
+    reordered reduction cannot hide a wrong gradient)."""
+    torch.manual_seed(0)
+    model, inputs = TwoConvolutions().double(), (torch.randn(8, 3, 32, 32).double(),)
+    eager = copy.deepcopy(model)
+    training_step(eager, inputs)()
+    torch._dynamo.reset()
+    settings = {"layout_optimization": layout_optimization}
+    backend = memplan.backend(budget="100%", inductor_config=settings, progress=False)
+    ours = copy.deepcopy(model)
+    training_step(torch.compile(ours, backend=backend), inputs)()
+    (plan,) = backend.plans
+    way = plan.options["convolution_copies"]
+    assert way == ("channels_last" if layout_optimization else "kernel"), way
+    for (name, p), q in zip(ours.named_parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)

@@ -71,6 +71,15 @@ def inductor_settings(settings: dict[str, Any]) -> contextlib.AbstractContextMan
     return config.patch(settings)
 
 
+def layout_optimized(gm: torch.fx.GraphModule, settings: dict[str, Any]) -> bool:
+    """Whether Inductor, under `settings`, lays `gm`'s convolutions out channels-last (its
+    layout optimization, decided per graph by heuristics)."""
+    from torch._inductor.graph import GraphLowering
+
+    with inductor_settings(settings):
+        return bool(GraphLowering.decide_layout_opt(gm, is_inference=False))
+
+
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
     """Inductor's compile of one forward or backward graph, as AOTAutograd calls it."""
     from torch._inductor.compile_fx import compile_fx_inner

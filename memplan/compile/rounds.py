@@ -108,7 +108,10 @@ class GraphSearch:
         self, joint: torch.fx.GraphModule, joint_inputs: object, *, num_fwd_outputs: int, **_: Any
     ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
         part = self.partitioner
-        prepared = part.prepare(joint, num_fwd_outputs)
+        channels_last = self._layout_on(Lane()) and compat.layout_optimized(
+            joint, self.settings or {}
+        )
+        prepared = part.prepare(joint, num_fwd_outputs, channels_last=channels_last)
         cached = self._cached(prepared)
         if cached is not None:  # its decisions applied again; compiled as AOTAutograd asks
             planned = self._plan(prepared, Attempt(1), cached)
@@ -158,7 +161,10 @@ class GraphSearch:
         part = self.partitioner
         first = prepared.first
         options = part.options.solver_options(first.device.type)
-        _, unplanned = unplanned_step(first.graph, options)
+        # A share is of the step as the first lane compiles it unplanned: under Inductor's
+        # layout optimization, with its channels-last copies.
+        as_compiled = prepared.unplanned(channels_last=self._layout_on(Lane()))
+        _, unplanned = unplanned_step(as_compiled.graph, options)
         target = part.resident.budget_of(part.budget, unplanned.peak)
         convolutions = first.joint.graph.find_nodes(
             op="call_function", target=torch.ops.aten.convolution.default
@@ -200,6 +206,7 @@ class GraphSearch:
                 written=attempt.lane.written,
                 requested_as=str(part.budget),
                 options=dataclasses.replace(part.options, best_effort=True),
+                channels_last=self._layout_on(attempt.lane),
             )
 
     def _round(self, planned: Planned, attempt: Attempt, rounds: list[Round]) -> Round:

@@ -19,6 +19,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 
 from memplan.core.errors import UnsupportedModel
 from memplan.core.graph import Graph, Node, NodeKind
+from memplan.passes.contiguous import KEPT_COPY
 from memplan.passes.recompute import can_recompute, is_input_mutation
 from memplan.passes.rewrite import Lowered
 from memplan.planner.capture import CHECKPOINT_REGION
@@ -113,7 +114,7 @@ def lower(
                 is_backward=n.op == "call_function" and n not in forward,
                 alias_of=alias_of,
                 carved_from=carved_from,
-                recomputable=can_recompute(n, mutated),
+                recomputable=can_recompute(n, mutated) and not n.meta.get(KEPT_COPY),
                 offloadable=isinstance(val, torch.Tensor)
                 and alias_of is None
                 and nbytes >= offload_threshold,

@@ -71,8 +71,11 @@ class Partitioner:
         )
         return self.keep(planned)
 
-    def prepare(self, joint: fx.GraphModule, num_fwd_outputs: int) -> Prepared:
-        """`joint` prepared to plan, named after the graphs planned before it."""
+    def prepare(
+        self, joint: fx.GraphModule, num_fwd_outputs: int, *, channels_last: bool = False
+    ) -> Prepared:
+        """`joint` prepared to plan, named after the graphs planned before it;
+        `channels_last`: Inductor lays its convolutions out channels-last (Prepared)."""
         name = self.name if not self.plans else f"{self.name}.{len(self.plans)}"
         return Prepared(
             joint,
@@ -84,6 +87,7 @@ class Partitioner:
             cache=self.cache,
             reuse=self.reuse,
             before_solving=self.before_solving,
+            channels_last=channels_last,
         )
 
     def keep(self, planned: Planned) -> tuple[fx.GraphModule, fx.GraphModule]:

@@ -1,5 +1,6 @@
 """A joint graph made ready to plan, once: cleaned, lowered for each way of its
-convolutions' input copies, and profiled. Planning it at a budget and rewriting it then
+convolutions' input copies (under Inductor's layout optimization, the channels-last
+copies it makes: passes/contiguous.py), and profiled. Planning it at a budget and rewriting it then
 cost a solve and a rewrite, not a trace and a profile, so that the torch.compile path can
 plan one graph at several budgets (compile/search.py).
 """
@@ -16,7 +17,10 @@ import torch.fx as fx
 from memplan.core.budget import Budget
 from memplan.core.errors import InfeasibleBudget, PlanFileError
 from memplan.core.graph import Graph, Schedule
-from memplan.passes.contiguous import contiguous_convolution_inputs
+from memplan.passes.contiguous import (
+    channels_last_convolution_inputs,
+    contiguous_convolution_inputs,
+)
 from memplan.passes.rewrite import Lowered, rewrite
 from memplan.planner.capture import module_copy
 from memplan.planner.fusion import fused_seconds
@@ -29,6 +33,8 @@ from memplan.planner.transfer_cost import transfer_seconds
 
 # Where a convolution's input of another layout is copied to the one its kernel wants.
 KERNEL_COPIES, GRAPH_COPIES = "kernel", "graph"  # the ways of PlanOptions.convolution_copies
+# The way of a graph Inductor lays out channels-last: its copies of the graph's inputs.
+CHANNELS_LAST_COPIES = "channels_last"
 
 
 @dataclass(frozen=True)
@@ -57,7 +63,9 @@ class Prepared:
     """A joint graph ready to plan (the module's docstring). `budget` and `resident`, as
     first asked, cap what profiling holds (planner/pass_values.py); `reuse` is a saved
     Plan whose way must match (PlanFileError otherwise); `before_solving` is a last look
-    at each lowered graph, its costs set (tools/fit.py divides it per rank there)."""
+    at each lowered graph, its costs set (tools/fit.py divides it per rank there);
+    `channels_last`: Inductor lays the graph's convolutions out channels-last, so that it
+    is also prepared with the copies that makes, as a way of its own."""
 
     def __init__(
         self,
@@ -71,6 +79,7 @@ class Prepared:
         cache: ProfileCache,
         reuse: Plan | None = None,
         before_solving: Callable[[Graph], Graph] | None = None,
+        channels_last: bool = False,
     ) -> None:
         self.name = name
         self.options = options
@@ -80,7 +89,9 @@ class Prepared:
         threshold = options.offload_threshold
         lowered = {
             way: lower(variant, num_fwd_outputs, name=name, offload_threshold=threshold)
-            for way, variant in _variants(joint, options.convolution_copies).items()
+            for way, variant in _variants(
+                joint, options.convolution_copies, channels_last=channels_last
+            ).items()
         }
         if reuse is not None:
             lowered = _matching(lowered, reuse)
@@ -94,6 +105,11 @@ class Prepared:
         """The graph as traced (the first way planned)."""
         return next(iter(self.variants.values()))
 
+    def unplanned(self, *, channels_last: bool = False) -> Lowered:
+        """The graph whose step as written is the unplanned one: the first way planned,
+        compiled channels-last (`plan`) or not."""
+        return next(iter(self._ways(None, channels_last).values()))
+
     def plan(
         self,
         budget: Budget,
@@ -103,16 +119,18 @@ class Prepared:
         written: bool = False,
         requested_as: str = "",
         options: PlanOptions | None = None,
+        channels_last: bool = False,
     ) -> Planned:
         """The fastest plan of the ways that holds `budget` with `resident` held by the
         graphs before, else the least peak (best effort); each way is held to the bytes
         the first was asked. `options` are the graph's, unless given (the torch.compile
-        path's rounds plan best effort). Raises the least InfeasibleBudget where none
-        planned. The warnings of the way kept are said; the others' are about a graph
-        that does not run."""
+        path's rounds plan best effort); `channels_last`: compiled with Inductor's layout
+        optimization (_ways). Raises the least InfeasibleBudget where none planned. The
+        warnings of the way kept are said; the others' are about a graph that does not
+        run."""
         planned: dict[str, Planned | InfeasibleBudget] = {}
         said: dict[str, list[warnings.WarningMessage]] = {}
-        for way, lowered in self.variants.items():
+        for way, lowered in self._ways(reuse, channels_last).items():
             with warnings.catch_warnings(record=True) as said[way]:
                 warnings.simplefilter("always")
                 planned[way] = found = self._plan_way(
@@ -132,6 +150,17 @@ class Prepared:
             requested_as=requested_as or kept.plan.requested_as,
         )
         return dataclasses.replace(kept, plan=plan)
+
+    def _ways(self, reuse: Plan | None, channels_last: bool) -> dict[str, Lowered]:
+        """The ways to plan: the one `reuse` was made for; compiled channels-last, the
+        way of its copies where the graph has one (Inductor lays out the copies of the
+        other ways channels-last too, so that theirs are not what runs); otherwise the
+        others."""
+        if reuse is not None:
+            return _matching(self.variants, reuse)
+        if channels_last and CHANNELS_LAST_COPIES in self.variants:
+            return {CHANNELS_LAST_COPIES: self.variants[CHANNELS_LAST_COPIES]}
+        return {w: low for w, low in self.variants.items() if w != CHANNELS_LAST_COPIES}
 
     def _plan_way(
         self,
@@ -159,15 +188,23 @@ class Prepared:
         return Planned(way, lowered, plan, schedule)
 
 
-def _variants(joint: fx.GraphModule, copies: str) -> dict[str, fx.GraphModule]:
+def _variants(
+    joint: fx.GraphModule, copies: str, *, channels_last: bool
+) -> dict[str, fx.GraphModule]:
     """The joint graph for each way its convolutions' input copies may be made: inside
-    the kernels (as traced), in the graph (passes/contiguous.py), or both."""
+    the kernels (as traced), in the graph (passes/contiguous.py), or both; and where
+    `channels_last`, with the channels-last copies Inductor makes."""
     variants = {} if copies == GRAPH_COPIES else {KERNEL_COPIES: joint}
     if copies != KERNEL_COPIES:
         copied = module_copy(joint)
         if contiguous_convolution_inputs(copied):
             variants[GRAPH_COPIES] = copied
-    return variants or {KERNEL_COPIES: joint}  # "graph", but nothing to copy
+    variants = variants or {KERNEL_COPIES: joint}  # "graph", but nothing to copy
+    if channels_last:
+        copied = module_copy(joint)
+        if channels_last_convolution_inputs(copied):
+            variants[CHANNELS_LAST_COPIES] = copied
+    return variants
 
 
 def _matching(lowered: dict[str, Lowered], reuse: Plan) -> dict[str, Lowered]:
