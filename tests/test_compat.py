@@ -109,3 +109,15 @@ def test_a_wrapper_that_cannot_be_read_raises_not_emittable_not_inductors_error(
     monkeypatch.setattr(inductor, "_read", refuse)
     with pytest.raises(NotEmittable, match="subgraphs"):
         compile_reading(_traced(), {})
+
+
+def test_inductor_lays_out_a_convolution_graph_channels_last_unless_told_not_to():
+    """compat.layout_optimized asks Inductor's own heuristic: on a CPU, a graph with a 2-D
+    convolution is laid out channels-last, unless the setting is off; one without
+    convolutions is not."""
+    conv = make_fx(lambda x, w: (torch.nn.functional.conv2d(x, w),), tracing_mode="fake")(
+        torch.ones(2, 3, 8, 8), torch.ones(4, 3, 3, 3)
+    )
+    assert compat.layout_optimized(conv, {})
+    assert not compat.layout_optimized(conv, {"layout_optimization": False})
+    assert not compat.layout_optimized(_traced(), {})
