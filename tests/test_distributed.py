@@ -230,18 +230,28 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     Under xdist the module's tests are spread over the workers, and each worker would spawn
     its own ranks (about 40 s of both cores each). So the workers share one spawn through
     the run's own temporary directory: the first to get its lock spawns, the others wait
-    for it and read its files. Without xdist that directory's parent holds earlier runs'
-    too, so the fixture spawns into a directory of its own."""
+    for it and read its files, or where it failed, raise its error without spawning again
+    (a second spawn found the failed one's file store and waited on it: a rank that died
+    of SIGSEGV once, in a fresh clone on 2026-12-07, held the run for 8 minutes). Without
+    xdist that directory's parent holds earlier runs' too, so the fixture spawns into a
+    directory of its own."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
         root = tmp_path_factory.mktemp("distributed")
         spawn(root)
     else:
         root = tmp_path_factory.getbasetemp().parent / "distributed"
         root.mkdir(exist_ok=True)
+        failed = root / "failed"
         with open(root / "lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            if failed.exists():
+                raise RuntimeError(f"the other worker's spawn failed: {failed.read_text()}")
             if not (root / "done").exists():
-                spawn(root)
+                try:
+                    spawn(root)
+                except Exception as error:
+                    failed.write_text(f"{type(error).__name__}: {error}")
+                    raise
                 (root / "done").touch()
     return [torch.load(root / f"rank{r}.pt") for r in range(WORLD)]
 
