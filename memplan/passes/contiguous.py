@@ -88,7 +88,8 @@ def _copied(
     shared: bool,
 ) -> int:
     """Copy each argument of `arguments` that `needs_copy` to `memory_format` (one copy
-    per reader, or where `shared`, one per argument read by all its readers), and each
+    per reader, or where `shared`, one per argument read by all its readers and marked
+    KEPT_COPY: Inductor's channels-last copies, the module's docstring), and each
     view's input its new layout no longer allows; the traced values after them derived
     again. Returns how many copies were inserted (0 where the graph keeps its layouts)."""
     graph = joint.graph
@@ -107,7 +108,7 @@ def _copied(
                     if shared and argument in copies:
                         node.update_arg(index, copies[argument])
                     elif needs_copy(argument):
-                        copy = _copy_before(graph, node, index, memory_format)
+                        copy = _copy_before(graph, node, index, memory_format, kept=shared)
                         copies[argument] = copy
                         changed.add(copy)
                         inserted += 1
@@ -148,17 +149,22 @@ def _needs_channels_last(argument: object) -> bool:
 
 
 def _copy_before(
-    graph: fx.Graph, node: fx.Node, index: int, memory_format: torch.memory_format
+    graph: fx.Graph,
+    node: fx.Node,
+    index: int,
+    memory_format: torch.memory_format,
+    *,
+    kept: bool = False,
 ) -> fx.Node:
     """A copy of `node`'s argument `index` in `memory_format`, inserted before it and
-    handed to it in the argument's place."""
+    handed to it in the argument's place; `kept` marks it KEPT_COPY."""
     argument = node.args[index]
     with graph.inserting_before(node):
         copied = graph.call_function(
             aten.clone.default, (argument,), {"memory_format": memory_format}
         )
     copied.meta["val"] = argument.meta["val"].clone(memory_format=memory_format)
-    copied.meta[KEPT_COPY] = memory_format is torch.channels_last
+    copied.meta[KEPT_COPY] = kept
     node.update_arg(index, copied)
     return copied
 
