@@ -1,8 +1,8 @@
 """A joint graph made ready to plan, once: cleaned, lowered for each way of its
 convolutions' input copies (under Inductor's layout optimization, the channels-last
-copies it makes: passes/contiguous.py), and profiled. Planning it at a budget and rewriting it then
-cost a solve and a rewrite, not a trace and a profile, so that the torch.compile path can
-plan one graph at several budgets (compile/search.py).
+copies it makes: passes/contiguous.py), and profiled. Planning it at a budget and
+rewriting it then cost a solve and a rewrite, not a trace and a profile, so that the
+torch.compile path can plan one graph at several budgets (compile/search.py).
 """
 
 from __future__ import annotations
