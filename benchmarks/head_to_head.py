@@ -8,7 +8,8 @@ compile's time is a first run's):
 - `torch.compile(model)` at each `activation_memory_budget` of TORCH_POINTS;
 - `torch.compile(model, backend=memplan.backend(budget=...))` at torch.compile's least
   peak, at LOWER_REQUIRED below it, at the peak of its 0.6 point (the compile time at the
-  same point) and at memplan's own least.
+  same point), at each other point's peak (whether memplan dominates that point) and at
+  memplan's own least.
 Each run's first step (the compile included) is timed and read by the allocator (for
 memplan, in a second process: one_run); then a steady step's peak, and its step time
 as the median ratio over eager steps timed in pairs with it (paired_step_seconds).
@@ -208,7 +209,10 @@ def bench_model(
         return
     least = min(r["peak"] for r in measured)
     matched = next((r["peak"] for r in measured if r["value"] == str(MATCHED_POINT)), least)
-    for budget in dict.fromkeys((least, int((1 - LOWER_REQUIRED) * least), matched)):
+    # Each point's own peak: a point is dominated by a run no higher, and the run that
+    # may recompute least for it is the one given its peak as budget.
+    points = [r["peak"] for r in measured]
+    for budget in dict.fromkeys((least, int((1 - LOWER_REQUIRED) * least), matched, *points)):
         add("memplan", str(budget))
     add("memplan", "least")
 

@@ -73,8 +73,8 @@ def test_nothing_measured_meets_nothing_and_misses_nothing():
 
 def test_a_model_keeps_the_runs_of_kinds_asked_and_runs_the_rest(monkeypatch):
     """With --keep torch, the saved torch runs stand and memplan's are made at their
-    peaks: at the least, 25% under it and at the 0.6 point's peak (here the least too,
-    so made once), then under any least."""
+    peaks: at the least, 25% under it, at the 0.6 point's peak (here the least too, so
+    made once) and at each other point's peak, then under any least."""
     made: list[tuple[str, str]] = []
 
     def in_process(name: str, kind: str, value: str, device: str) -> dict[str, Any]:
@@ -83,7 +83,8 @@ def test_a_model_keeps_the_runs_of_kinds_asked_and_runs_the_rest(monkeypatch):
         return {"kind": kind, "value": value, "error": "not run"}
 
     monkeypatch.setattr(h2h, "in_process", in_process)
-    saved = [torch_run(p, 60, 1.0) for p in ("1.0", "0.6", "0.2", "0.0")]
+    peaks = {"1.0": 80, "0.6": 60, "0.2": 60, "0.0": 90}
+    saved = [torch_run(p, peak, 1.0) for p, peak in peaks.items()]
     saved.append({"kind": "eager", "value": "", "error": "killed"})
     record = {"m": {"runs": saved}}
     h2h.bench_model("m", record, lambda: None, keep=["torch", "eager"])
@@ -92,6 +93,8 @@ def test_a_model_keeps_the_runs_of_kinds_asked_and_runs_the_rest(monkeypatch):
         ("eager", ""),  # its saved run failed: made again
         ("memplan", least),
         ("memplan", str(int(0.75 * 60 * MIB))),
+        ("memplan", str(80 * MIB)),
+        ("memplan", str(90 * MIB)),
         ("memplan", "least"),
     ]
     assert record["m"]["runs"][1:5] == saved[:4]
