@@ -12,7 +12,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from memplan.compile import compat, inductor
 from memplan.compile.inductor import NotEmittable, compile_reading
-from memplan.core.emitted import Allocate, Release
+from memplan.core.emitted import Allocate, Kernel, Release
 
 
 @pytest.mark.parametrize("accessor", compat.SMOKE, ids=lambda f: f.__name__)
@@ -109,6 +109,22 @@ def test_a_wrapper_that_cannot_be_read_raises_not_emittable_not_inductors_error(
     monkeypatch.setattr(inductor, "_read", refuse)
     with pytest.raises(NotEmittable, match="subgraphs"):
         compile_reading(_traced(), {})
+
+
+def test_a_products_kernel_names_its_own_op_not_the_ops_fused_ahead_of_it():
+    """Inductor's origins of a batched product also name the pointwise ops that made its
+    input, fused into a kernel of their own. The product's kernel event names the product
+    alone: it holds its own op's workspace, not the unfused workspace of those ops (an
+    `fma` the unfused graph profiled at 4 MiB per product on a T5)."""
+
+    def product(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor]:
+        return (torch.bmm((a * b).sin() + a, b.permute(0, 2, 1)),)
+
+    x = torch.ones(4, 64, 64)
+    gm = make_fx(product, tracing_mode="fake")(x, x)
+    compat.propagate_fake(gm, [n.meta["val"] for n in gm.graph.find_nodes(op="placeholder")])
+    kernels = [e for e in compile_reading(gm, {}).emitted.events if isinstance(e, Kernel)]
+    assert [k.origins for k in kernels] == [("bmm",)]
 
 
 def test_inductor_lays_out_a_convolution_graph_channels_last_unless_told_not_to():
