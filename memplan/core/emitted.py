@@ -47,10 +47,11 @@ class Release:
 @dataclass(frozen=True)
 class Kernel:
     """A kernel Inductor calls rather than generates (a matrix product, a convolution, a
-    fallback op), made of the graph's ops `origins`: what it holds while it runs beyond
-    its inputs and outputs (its workspace) is held while it runs. `call` names the call as
-    Inductor makes it, where its workspace was measured so (compile/kernels.py); else
-    its ops' profiled workspace stands."""
+    fallback op), lowered from the graph's ops `origins` (its own op alone, where
+    Inductor names it): what it holds while it runs beyond its inputs and outputs (its
+    workspace) is held while it runs. `call` names the call as Inductor makes it, where
+    its workspace was measured so (compile/kernels.py); else the most its origins'
+    profiled workspace is stands."""
 
     origins: tuple[str, ...]
     call: str = ""
