@@ -261,8 +261,7 @@ def _origins(node: Any) -> tuple[str, ...]:
     backward fused ahead of a batched product holds nothing of its unfused workspace (4 MiB
     per product on the T5 of benchmarks/beyond.py, over a step of 92 MB). Else all of them."""
     names = {origin.name for origin in node.get_origins()}
-    origin_node = getattr(node, "get_origin_node", None)
-    own = origin_node() if callable(origin_node) else None
+    own = node.get_origin_node()  # every IR node has it, as kernels.call_of reads it
     if own is not None and own.name in names:
         return (own.name,)
     return tuple(sorted(names))

@@ -50,8 +50,8 @@ class Kernel:
     fallback op), lowered from the graph's ops `origins` (its own op alone, where
     Inductor names it): what it holds while it runs beyond its inputs and outputs (its
     workspace) is held while it runs. `call` names the call as Inductor makes it, where
-    its workspace was measured so (compile/kernels.py); else the most its origins'
-    profiled workspace is stands."""
+    its workspace was measured so (compile/kernels.py); else the largest profiled
+    workspace among its origins stands."""
 
     origins: tuple[str, ...]
     call: str = ""
