@@ -1,22 +1,26 @@
 """Pricing as Inductor runs the graphs (planner/fusion.py): a view, and a pointwise op
 inlined into every kernel that reads it, cost 0 s in the graph a backend with Inductor
-solves; a pointwise op read by a matrix product keeps its time, as do unfused graphs."""
+solves; a pointwise op read by a matrix product keeps its time, as do unfused graphs.
+Those the other graph does not read hold no memory there, and their readers keep what
+they read live."""
 
 from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import memplan
 from memplan.core.budget import Budget
-from memplan.core.graph import Graph
+from memplan.core.graph import Graph, NodeKind
 from memplan.planner.capture import compile_training_step
-from memplan.planner.fusion import fused_away
+from memplan.planner.fusion import fused_away, fused_memory
 from memplan.planner.options import PlanOptions
 from memplan.planner.partitioner import Partitioner
+from memplan.planner.plan import unplanned_step
 
 
 def test_what_inductor_fuses_away():
@@ -59,10 +63,22 @@ class _Scaled(nn.Module):
         return self.down(nn.functional.gelu(self.up(x) * 2))
 
 
-def _solved(fused: bool) -> tuple[Graph, Partitioner]:
+class _Squared(nn.Module):
+    """A linear layer whose loss is its output squared and averaged, as a language model's
+    is of its logits: the backward's pointwise chain Inductor makes one kernel of."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(64, 4096)  # outputs beyond its weights, as logits are
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x).pow(2).mean()
+
+
+def _solved(fused: bool, model: nn.Module | None = None) -> tuple[Graph, Partitioner]:
     """The graph the solver is given for a small model's training step, and its partitioner."""
     torch.manual_seed(0)
-    model, inputs = _Scaled(), (torch.randn(32, 64),)
+    model, inputs = model or _Scaled(), (torch.randn(32, 64),)
     seen: list[Graph] = []
 
     def look(graph: Graph) -> Graph:
@@ -95,3 +111,45 @@ def test_the_backend_prices_as_its_inner_compiler_runs():
     assert not memplan.backend(inner="eager").options.fused_pointwise
     # the user's choice wins
     assert not memplan.backend(inner="inductor", fused_pointwise=False).options.fused_pointwise
+
+
+def test_what_inductor_never_writes_holds_no_memory_and_keeps_what_it_reads_live():
+    graph, partitioner = _solved(fused=False, model=_Squared())
+    nodes = partitioner.lowered[0].fx_nodes
+    solved = fused_memory(graph, nodes)
+    name = {n.name: n.id for n in graph}
+    # The forward's square, read by the mean alone, is never written.
+    (square,) = [n for n in graph if n.op == "aten.pow.Tensor_Scalar" and not n.is_backward]
+    assert square.bytes > 0 and solved[square.id].bytes == 0
+    # In the backward, the gradient the matrix products read is written; the pointwise
+    # ops that make it are not, and it reads what they read (the forward's output).
+    written = [n for n in graph if n.is_backward and n.bytes and solved[n.id].bytes]
+    unwritten = [n for n in graph if n.is_backward and n.bytes and not solved[n.id].bytes]
+    assert unwritten and all(fused_away(nodes[n.id]) for n in unwritten)
+    (linear,) = [n.id for n in graph if n.op == "aten.addmm.default"]
+    assert any(linear in solved[n.id].inputs and linear not in n.inputs for n in written)
+    # Nothing read across the forward and backward split is unwritten: it is saved.
+    assert all(solved[v].bytes == graph[v].bytes for v in graph.saved_candidates)
+    assert all(n.bytes == solved[n.id].bytes for n in graph if n.kind is not NodeKind.COMPUTE)
+    assert set(solved[name["mean"]].inputs) >= set(graph[name["mean"]].inputs)
+    # The step as written holds less in the backward by an unwritten output at least.
+    _, fused_step = unplanned_step(solved, partitioner.options.solver_options("cpu"))
+    _, unfused_step = unplanned_step(graph, partitioner.options.solver_options("cpu"))
+    less = [u - f for u, f in zip(unfused_step.live, fused_step.live, strict=True)]
+    assert min(less) >= 0 and max(less) >= min(graph[n.id].bytes for n in unwritten)
+
+
+@pytest.mark.usefixtures("private_cache")  # planned here, not read from an earlier run
+def test_under_inductor_the_first_round_is_planned_as_it_compiles():
+    """A plan made before it is compiled peaks where the step compiled from it does: it
+    was planned 12.6 MB above it on a language model whose loss squares its logits (three
+    logits-sized outputs of the backward's pointwise ops that one kernel never writes),
+    and the search compiled twice more to use the room (2-core CPU, 2026-12-07)."""
+    torch._dynamo.reset()
+    backend = memplan.backend(budget="100%", progress=False)
+    model = _Squared()
+    compiled = torch.compile(copy.deepcopy(model), backend=backend)
+    compiled(torch.randn(512, 64)).backward()  # the gradient's chain is the step's peak
+    (plan,) = backend.plans
+    ((_, as_compiled, *_),) = plan.options["compiled_rounds"]
+    assert plan.predicted_peak == as_compiled

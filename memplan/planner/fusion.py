@@ -1,4 +1,5 @@
-"""Node times as Inductor runs them: what it fuses away priced at 0 s.
+"""Node times and bytes as Inductor runs them: what it fuses away priced at 0 s, and
+where it is never written, at 0 bytes.
 
 The profiler times each node as its own kernel, as the unfused graphs run. Inductor
 inlines a pointwise op (an add, a GELU, the scaling half of a normalization) into the
@@ -8,21 +9,81 @@ any compiler. A pointwise op read by a matrix product, a convolution or another 
 Inductor does not generate is still a kernel that writes its output, and keeps its
 profiled time. Priced unfused, plans that differ in how many fused-away ops they recompute
 are ranked by time Inductor never spends, and each run's profile noise picks between them.
+
+Its output is never written only where no graph beyond its own reads it: a forward op the
+backward reads is saved, so written, whatever its readers do with it. Counted unfused, a
+backward's chain of pointwise ops holds each of its outputs at once (on a language model
+three logits-sized buffers, 12.6 MB, that one kernel never allocates), so plans aimed at a
+budget peak well under it as compiled, and the search compiles again to use the room.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import torch
 from torch import fx
 
+from memplan.core.graph import Graph, NodeKind
 from memplan.planner.views import is_view
 
 
 def fused_seconds(nodes: Sequence[fx.Node], seconds: Sequence[float]) -> list[float]:
     """`seconds` (per node of `nodes`) with the nodes Inductor fuses away at 0."""
     return [0.0 if fused_away(n) else s for n, s in zip(nodes, seconds, strict=True)]
+
+
+def fused_memory(graph: Graph, nodes: Sequence[fx.Node]) -> Graph:
+    """`graph` (whose node i is `nodes[i]`) with the outputs Inductor never writes at 0
+    bytes: of a node fused away that only its own graph reads (through views), and that is
+    no output of the step. The kernel it is inlined into reads what it read, so each node
+    that reads it (or a view of it) reads those too: they stay live until that kernel
+    runs, not only until the op that never runs alone."""
+    outputs = set(graph.outputs)
+    unwritten = {
+        node.id
+        for node, fx_node in zip(graph, nodes, strict=True)
+        if node.kind is NodeKind.COMPUTE
+        and node.alias_of is None
+        and node.carved_from is None
+        and node.id not in outputs
+        and node.id not in graph.carved_outputs
+        and fused_away(fx_node)
+        and all(graph[r].is_backward == node.is_backward for r in _readers(graph, nodes, node.id))
+    }
+    owner = graph.storage_owner
+    # What a node that is never written stands for, to its readers: what it reads (what
+    # those stand for, where they are never written either). A view of one stands for
+    # what it does. Resident inputs are live throughout, so no reader needs to keep them.
+    stands: dict[int, tuple[int, ...]] = {}
+    rebuilt = []
+    for node in graph:
+        extra = [s for source in node.inputs for s in stands.get(source, ())]
+        if node.id in unwritten or owner[node.id] in unwritten:
+            stands[node.id] = tuple(
+                dict.fromkeys(
+                    s
+                    for source in node.inputs
+                    for s in stands.get(source, (source,))
+                    if not graph[s].is_resident_input
+                )
+            )
+        inputs = tuple(dict.fromkeys((*node.inputs, *extra)))
+        bytes_ = 0 if node.id in unwritten else node.bytes
+        rebuilt.append(dataclasses.replace(node, inputs=inputs, bytes=bytes_))
+    return dataclasses.replace(graph, nodes=tuple(rebuilt))
+
+
+def _readers(graph: Graph, nodes: Sequence[fx.Node], node_id: int) -> list[int]:
+    """The nodes that read `node_id`'s output, through views of it."""
+    found = []
+    for reader in graph.users[node_id]:
+        if is_view(nodes[reader].target):
+            found.extend(_readers(graph, nodes, reader))
+        else:
+            found.append(reader)
+    return found
 
 
 def fused_away(node: fx.Node) -> bool:

@@ -15,6 +15,7 @@ from memplan.core.budget import Budget
 from memplan.core.graph import Graph, Schedule
 from memplan.core.simulate import simulate
 from memplan.passes.rewrite import Lowered
+from memplan.planner.fusion import fused_memory
 from memplan.planner.lower import lower
 from memplan.planner.options import PlanOptions
 from memplan.planner.plan import Resident, forward_outputs, kept_for_backward, unplanned_step
@@ -125,7 +126,9 @@ class Partitioner:
         ]
         graph = resized.replace_times([n.time for n in traced], scaled)
         options = self.options.solver_options(lowered.device.type)
-        trace = simulate(graph, schedule, bandwidth=options.bandwidth)
+        # Simulated as it was planned: under Inductor, its unwritten outputs at 0 bytes.
+        solved = fused_memory(graph, lowered.fx_nodes) if self.options.fused_pointwise else graph
+        trace = simulate(solved, schedule, bandwidth=options.bandwidth)
         reference, unplanned = unplanned_step(graph, options)
 
         def as_compiled(peak: int) -> int:
