@@ -162,9 +162,11 @@ class GraphSearch:
         first = prepared.first
         options = part.options.solver_options(first.device.type)
         # A share is of the step as the first lane compiles it unplanned: under Inductor's
-        # layout optimization, with its channels-last copies.
+        # layout optimization, with its channels-last copies, and what it never writes
+        # held at 0 bytes (the graph the solvers are given, so that each plan's unplanned
+        # peak, of which the step's is made, is of the same step).
         as_compiled = prepared.unplanned(channels_last=self._layout_on(Lane()))
-        _, unplanned = unplanned_step(as_compiled.graph, options)
+        _, unplanned = unplanned_step(as_compiled, options)
         target = part.resident.budget_of(part.budget, unplanned.peak)
         convolutions = first.joint.graph.find_nodes(
             op="call_function", target=torch.ops.aten.convolution.default

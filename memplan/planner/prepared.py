@@ -112,10 +112,10 @@ class Prepared:
         """The graph as traced (the first way planned)."""
         return next(iter(self.variants.values()))
 
-    def unplanned(self, *, channels_last: bool = False) -> Lowered:
+    def unplanned(self, *, channels_last: bool = False) -> Graph:
         """The graph whose step as written is the unplanned one: the first way planned,
-        compiled channels-last (`plan`) or not."""
-        return next(iter(self._ways(None, channels_last).values()))
+        compiled channels-last (`plan`) or not, as the solvers are given it."""
+        return self.solved[next(iter(self._ways(None, channels_last)))]
 
     def plan(
         self,
