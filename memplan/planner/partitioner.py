@@ -125,10 +125,10 @@ class Partitioner:
             for n, r in zip(traced, resized, strict=True)
         ]
         graph = resized.replace_times([n.time for n in traced], scaled)
+        if self.options.fused_pointwise:  # as the solvers were given it (prepared.py)
+            graph = fused_memory(graph, lowered.fx_nodes)
         options = self.options.solver_options(lowered.device.type)
-        # Simulated as it was planned: under Inductor, its unwritten outputs at 0 bytes.
-        solved = fused_memory(graph, lowered.fx_nodes) if self.options.fused_pointwise else graph
-        trace = simulate(solved, schedule, bandwidth=options.bandwidth)
+        trace = simulate(graph, schedule, bandwidth=options.bandwidth)
         reference, unplanned = unplanned_step(graph, options)
 
         def as_compiled(peak: int) -> int:
