@@ -251,10 +251,10 @@ def test_a_graph_before_a_break_counts_the_parameters_of_the_graphs_after_it() -
     Inductor compiled it, within the budget; but while it runs the step holds the head's
     parameters too (4.17 MiB), and in its backward their gradients, and it keeps so much
     for its backward (21.00 MiB) that the head is left short. The step's prediction counts
-    them (37.60 MiB). Compiling the head warns that the
-    first graph will be planned again for them; it is, with its budget less them, but its
-    least is 33.00 MiB, and the step stays over at 37.35 MiB, as predicted and as a
-    warning then says (2-core CPU, 2026-12-07)."""
+    them (37.60 MiB). Compiling the head warns that the first graph will be planned again
+    for them; it is, with its budget less them, but its least is 33.00 MiB, and the step
+    stays over at 37.35 MiB, as predicted and as a warning then says (2-core CPU,
+    2026-12-07)."""
     model, inputs = large_head()
     torch._dynamo.reset()
     backend = memplan.backend(budget="35.21 MiB", progress=False)
