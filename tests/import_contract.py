@@ -5,7 +5,11 @@ docs/pipeline.md, each a package (a path prefix):
     face (memplan, memplan.api, memplan.cli.*) -> compile, tools -> planner
         -> passes, solvers -> core
 
-The core imports nothing of memplan outside it, and core/graph.py nothing but errors; the
+and beside them compat (memplan.compat, every private torch access), which the layers
+that use torch may import and which imports nothing of memplan.
+
+Only compat reads torch's private names (`private_torch`). The core imports nothing of
+memplan outside it, and core/graph.py nothing but errors; the
 core and the solvers import no torch; passes never import the planner; and no module
 imports itself back through others.
 """
@@ -26,6 +30,7 @@ LAYERS = {
     "memplan.planner": "planner",
     "memplan.tools": "tools",
     "memplan.compile": "compile",
+    "memplan.compat": "compat",
     "memplan.cli": "face",
     "memplan.api": "face",
     "memplan": "face",
@@ -34,11 +39,12 @@ LAYERS = {
 MAY_IMPORT = {
     "core": set(),
     "solvers": set(),
-    "passes": set(),
-    "planner": {"solvers", "passes"},
-    "tools": {"solvers", "passes", "planner"},
-    "compile": {"solvers", "passes", "planner"},
-    "face": {"solvers", "passes", "planner", "tools", "compile"},
+    "compat": set(),
+    "passes": {"compat"},
+    "planner": {"solvers", "passes", "compat"},
+    "tools": {"solvers", "passes", "planner", "compat"},
+    "compile": {"solvers", "passes", "planner", "compat"},
+    "face": {"solvers", "passes", "planner", "tools", "compile", "compat"},
 }
 TORCH_FREE = frozenset({"core", "solvers"})
 # core/graph.py is the bottom of the core: it imports no other memplan module but errors.
@@ -94,6 +100,8 @@ def violations(modules: Iterable[str], edges: Iterable[Edge]) -> list[str]:
         if edge.target not in modules:
             continue  # another library
         target = layer(edge.target)
+        if source == "compat":
+            found.append(f"{where}: compat imports nothing of memplan")
         if edge.source == GRAPH and edge.target not in GRAPH_IMPORTS:
             found.append(f"{where}: graph.py imports nothing of memplan but errors")
         if target not in (source, "core") and target not in MAY_IMPORT.get(source, ()):
@@ -104,6 +112,59 @@ def violations(modules: Iterable[str], edges: Iterable[Edge]) -> list[str]:
             graph[edge.source].add(edge.target)
     found += [f"import cycle: {' -> '.join([*cycle, cycle[0]])}" for cycle in cycles(graph)]
     return found
+
+
+def private_torch(root: Path) -> list[str]:
+    """Every reading of a private torch name outside memplan/compat.py, one line each
+    ("module:line name"): an import of a module or a name, or an attribute chain from
+    `torch`, with a part that starts with an underscore. An operator's own name
+    (torch.ops.aten._unsafe_view) is public."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        module = _module_name(root, path)
+        if layer(module) == "compat":
+            continue
+        read = [
+            (node.lineno, name)
+            for node in ast.walk(ast.parse(path.read_text(), str(path)))
+            for name in _torch_names(node)
+        ]
+        for line, name in dict.fromkeys(read):
+            # torch._C is read within torch._C._profiler: the longest chain says it.
+            longer = any(n.startswith(name + ".") for at, n in read if at == line)
+            if _private(name) and not longer:
+                found.append(f"{module}:{line} {name}")
+    return found
+
+
+def _private(name: str) -> bool:
+    """Whether a dotted torch name has a private part (a dunder, torch.__version__, and an
+    operator's name are public)."""
+    parts = name.split(".")
+    if parts[:2] == ["torch", "ops"]:
+        return False
+    return any(p.startswith("_") and not p.endswith("__") for p in parts)
+
+
+def _torch_names(node: ast.AST) -> list[str]:
+    """The torch names a node reads: the modules and names an import takes from torch,
+    or the dotted chain of an attribute read on `torch` (torch._C._profiler)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if a.name.split(".")[0] == "torch"]
+    if isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level or base.split(".")[0] != "torch":
+            return []
+        return [f"{base}.{a.name}" for a in node.names]
+    if isinstance(node, ast.Attribute) and not isinstance(getattr(node, "ctx", None), ast.Del):
+        chain = []
+        current: ast.AST = node
+        while isinstance(current, ast.Attribute):
+            chain.append(current.attr)
+            current = current.value
+        if isinstance(current, ast.Name) and current.id == "torch":
+            return [".".join(["torch", *reversed(chain)])]
+    return []
 
 
 def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:

@@ -1,5 +1,5 @@
-"""Every private torch access of the torch.compile path (compile/compat.py), smoke-tested
-by name: a torch upgrade that moves one fails here, not deep in a compile."""
+"""Every private torch access of memplan (memplan/compat.py), smoke-tested by name: a torch
+upgrade that moves one fails here, not deep in a compile."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from memplan.compile import compat, inductor
+from memplan import compat
+from memplan.compile import inductor
 from memplan.compile.inductor import NotEmittable, compile_reading
 from memplan.core.emitted import Allocate, Kernel, Release
 
@@ -40,6 +41,23 @@ def test_the_compile_id_is_none_outside_a_compile_and_the_wrapper_is_code():
     assert isinstance(compat.torch_compile_wrapper_code(), types.CodeType)
     assert compat.is_fake(FakeTensorMode().from_tensor(torch.ones(2)))
     assert not compat.is_fake(torch.ones(2))
+
+
+def test_outside_a_compile_or_a_profile_there_is_nothing_to_read():
+    assert compat.backward_metadata() is None
+    assert compat.saved_tensors_hooks() is None
+    assert not compat.profiler_running()
+    with torch.profiler.profile():
+        assert compat.profiler_running()
+
+
+def test_a_nest_is_flattened_and_mapped_as_torch_does():
+    nest = (1, [2, {"a": 3}])
+    leaves, structure = compat.tree_flatten(nest)
+    assert leaves == compat.tree_leaves(nest) == [1, 2, 3]
+    assert compat.tree_unflatten([4, 5, 6], structure) == (4, [5, {"a": 6}])
+    assert compat.tree_map(lambda x: x * 2, nest) == (2, [4, {"a": 6}])
+    assert compat.arg_tree_leaves(1, [2], b=(3,)) == [1, 2, 3]
 
 
 def test_an_op_overload_is_told_and_tensors_are_real_inside_a_fake_mode():

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from import_contract import read_imports, violations
+from import_contract import private_torch, read_imports, violations
 from test_plan_file import hand_made_plan
 
 import memplan
@@ -36,6 +36,7 @@ def test_the_contract_fails_when_a_forbidden_import_is_added(tmp_path):
         "planner/solve.py": "from memplan.compile.backend import MemplanBackend\n",
         # passes -> planner, which imports the passes: a forbidden layer and a cycle
         "passes/rewrite.py": "def f():\n    from memplan.planner.plan import Partitioner\n",
+        "compat.py": "from memplan.core.units import format_bytes\n",  # compat stands alone
     }
     for name, text in additions.items():
         path = copy / name
@@ -57,9 +58,28 @@ def test_the_contract_fails_when_a_forbidden_import_is_added(tmp_path):
         "memplan.planner.solve:" in v and "planner layer may not import the compile" in v
         for v in found
     )
+    assert any("memplan.compat:" in v and "imports nothing of memplan" in v for v in found)
     cycle = next(v for v in found if v.startswith("import cycle"))
     assert "memplan.passes.rewrite" in cycle and "memplan.planner.plan" in cycle
-    assert len(found) == 6, found
+    assert len(found) == 7, found
+
+
+def test_only_compat_reads_private_torch_names(tmp_path):
+    assert private_torch(PACKAGE) == []
+    copy = tmp_path / "memplan"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    additions = {
+        "planner/lower.py": "from torch._guards import TracingContext\n",
+        "passes/rewrite.py": "def f():\n    return torch._C._autograd\n",
+        "tools/compare.py": "import torch.utils._pytree\n",
+        # public: an operator's name, a dunder
+        "planner/views.py": "X = (torch.ops.aten._unsafe_view.default, torch.__version__)\n",
+    }
+    for name, text in additions.items():
+        path = copy / name
+        path.write_text(path.read_text() + text)
+    found = sorted(line.split(" ", 1)[1] for line in private_torch(copy))
+    assert found == ["torch._C._autograd", "torch._guards.TracingContext", "torch.utils._pytree"]
 
 
 def test_no_module_is_over_600_lines():

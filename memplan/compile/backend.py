@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from memplan.compile import compat
+from memplan import compat
 from memplan.compile.inductor import (
     after_joint_passes,
     inductor_decompositions,

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from memplan.compile import compat
+from memplan import compat
 from memplan.compile.backend import MemplanBackend
 from memplan.core.errors import MemplanWarning
 

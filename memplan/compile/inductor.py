@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 
-from memplan.compile import compat
+from memplan import compat
 from memplan.compile.kernels import KernelCall, call_of
 from memplan.core.emitted import Alias, Allocate, Emitted, Event, Kernel, Release
 from memplan.core.errors import MemplanError
@@ -51,7 +50,7 @@ def after_joint_passes(partitioner: Partitioner) -> Callable[..., Any]:
     def partition(
         joint: torch.fx.GraphModule, joint_inputs: Sequence[Any], **kwargs: Any
     ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
-        inputs = pytree.tree_leaves(joint_inputs)
+        inputs = compat.tree_leaves(joint_inputs)
         passed = compat.joint_graph_passes(joint, inputs)
         _traced_again(passed, inputs)
         return partitioner(passed, joint_inputs, **kwargs)
@@ -111,7 +110,7 @@ def compile_reading(
     ]
     (output,) = copy.graph.find_nodes(op="output")
     returned = tuple(
-        v.name if isinstance(v, torch.fx.Node) else None for v in pytree.tree_leaves(output.args[0])
+        v.name if isinstance(v, torch.fx.Node) else None for v in compat.tree_leaves(output.args[0])
     )
     read: list[tuple[Emitted, dict[str, KernelCall]]] = []
     refused: list[NotEmittable] = []

@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 
-from memplan.compile import compat
+from memplan import compat
 from memplan.core.errors import AllocatorUnreadable
 from memplan.planner.allocator import readable, recording
 from memplan.planner.made_up import float_pool, made_up, span
@@ -74,7 +73,7 @@ def call_of(node: Any) -> KernelCall | None:
         origin = node.get_origin_node()
         if origin is None or origin.target is not op:
             return None
-        leaves, tree = pytree.tree_flatten((origin.args, dict(origin.kwargs)))
+        leaves, tree = compat.tree_flatten((origin.args, dict(origin.kwargs)))
         tensors = [i for i, leaf in enumerate(leaves) if _is_tensor_node(leaf)]
         if len(tensors) != len(specs):
             return None
@@ -82,7 +81,7 @@ def call_of(node: Any) -> KernelCall | None:
             leaves[i] = spec
         if any(isinstance(leaf, torch.fx.Node) for leaf in leaves):
             return None  # a size computed in the graph: not known here
-        args, kwargs = pytree.tree_unflatten(leaves, tree)
+        args, kwargs = compat.tree_unflatten(leaves, tree)
     return KernelCall(op, tuple(args), tuple(sorted(kwargs.items())))
 
 
@@ -130,12 +129,12 @@ def _measured(call: KernelCall) -> int | None:
     """One call's workspace (the module's docstring), after one unmeasured call (a first
     call sets up what later ones reuse); None where the call fails."""
     given = (call.args, dict(call.kwargs))
-    specs = [x for x in pytree.tree_leaves(given) if isinstance(x, TensorSpec)]
+    specs = [x for x in compat.tree_leaves(given) if isinstance(x, TensorSpec)]
     if not specs:
         return None
     device = specs[0].device
     floats = float_pool(max(span(s.size, s.stride) for s in specs), device)
-    args, kwargs = pytree.tree_map(
+    args, kwargs = compat.tree_map(
         lambda x: x.made(floats) if isinstance(x, TensorSpec) else x, given
     )
     try:
@@ -163,7 +162,7 @@ def _bytes(returned: Any) -> int:
     """The bytes of the distinct storages a call returned."""
     storages = {
         t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-        for t in pytree.tree_leaves(returned)
+        for t in compat.tree_leaves(returned)
         if isinstance(t, torch.Tensor)
     }
     return sum(storages.values())

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from memplan.compile import compat
+from memplan import compat
 from memplan.compile.inductor import NotEmittable, compile_reading, inductor_compile, input_specs
 from memplan.compile.kernels import workspaces
 from memplan.compile.search import (

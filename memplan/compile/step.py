@@ -37,7 +37,7 @@ def graph_key(
     # (ledger.py) uses without torch.
     import torch
 
-    from memplan.compile import compat
+    from memplan import compat
 
     compile_id = compat.current_compile_id()
     index = graphs_of.get(compile_id, 0)

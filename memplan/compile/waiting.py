@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from memplan.compile import compat
+from memplan import compat
 from memplan.compile.ledger import Held
 from memplan.planner.plan import Resident
 from memplan.planner.plan_file import Plan

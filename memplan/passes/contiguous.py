@@ -35,7 +35,8 @@ from collections.abc import Callable
 
 import torch
 import torch.fx as fx
-from torch._guards import detect_fake_mode
+
+from memplan import compat
 
 aten = torch.ops.aten
 # Convolutions and the positions of the tensor arguments whose layout they copy to a
@@ -93,7 +94,7 @@ def _copied(
     view's input its new layout no longer allows; the traced values after them derived
     again. Returns how many copies were inserted (0 where the graph keeps its layouts)."""
     graph = joint.graph
-    mode = detect_fake_mode([n.meta.get("val") for n in graph.find_nodes(op="placeholder")])
+    mode = compat.fake_mode_of([n.meta.get("val") for n in graph.find_nodes(op="placeholder")])
     changed: set[fx.Node] = set()  # nodes whose traced value was derived again
     copies: dict[fx.Node, fx.Node] = {}  # where shared: each argument's copy
     inserted = 0

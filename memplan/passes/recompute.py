@@ -18,6 +18,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from memplan import compat
+
 aten = torch.ops.aten
 
 # (args, kwargs) of the original call -> (target, args, kwargs) of the recomputation
@@ -71,7 +73,7 @@ def can_recompute(n: fx.Node, mutated: set[fx.Node]) -> bool:
             and can_recompute(parent, mutated)
             and index < SUBSTITUTE_OUTPUTS.get(parent.target, math.inf)
         )
-    if not isinstance(n.target, torch._ops.OpOverload):
+    if not compat.is_op_overload(n.target):
         return False
     if torch.Tag.nondeterministic_seeded in n.target.tags and not _without_dropout(n):
         return False
@@ -82,7 +84,7 @@ def can_recompute(n: fx.Node, mutated: set[fx.Node]) -> bool:
 
 def _without_dropout(n: fx.Node) -> bool:
     """A seeded op whose dropout probability is 0 draws no random numbers."""
-    assert isinstance(n.target, torch._ops.OpOverload)
+    assert isinstance(n.target, compat.OpOverload)
     for index, argument in enumerate(n.target._schema.arguments):
         if argument.name in ("dropout_p", "p"):
             value = n.args[index] if index < len(n.args) else n.kwargs.get(argument.name)

@@ -22,12 +22,9 @@ from typing import Any
 import sympy
 import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
-from torch._functorch.partitioners import is_sym_node
-from torch._ops import OpOverload
-from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.symbolic_shapes import find_symbol_binding_fx_nodes, free_symbols
 
+from memplan import compat
 from memplan.core.errors import InvalidSchedule
 from memplan.core.graph import (
     Compute,
@@ -82,7 +79,7 @@ def rewrite(
     started = time.perf_counter()
     forward_steps = schedule.steps[: schedule.split]
     backward_steps = schedule.steps[schedule.split :]
-    joint_outputs = pytree.arg_tree_leaves(
+    joint_outputs = compat.arg_tree_leaves(
         *next(iter(lowered.joint.graph.find_nodes(op="output"))).args
     )
 
@@ -91,8 +88,8 @@ def rewrite(
     handed_over += _size_bindings(lowered, handed_over, fw_values)
     # AOTAutograd's calling convention: the forward returns its outputs, then the tensors
     # and then the sizes (SymInts) the backward reads; the backward takes the sizes first.
-    sizes = [item for item in handed_over if is_sym_node(item[1])]
-    tensors = [item for item in handed_over if not is_sym_node(item[1])]
+    sizes = [item for item in handed_over if compat.is_sym_node(item[1])]
+    tensors = [item for item in handed_over if not compat.is_sym_node(item[1])]
     forward_outputs = [_lookup(fw_values, o) for o in joint_outputs[: lowered.num_fwd_outputs]]
     returned = forward_outputs + [value for _, value in tensors + sizes]
     freed = {step.node for step in forward_steps if isinstance(step, Free)}
@@ -224,7 +221,7 @@ def _size_bindings(
     joint = lowered.joint.graph
     tangents = [n for n in joint.find_nodes(op="placeholder") if n.name.startswith("tangents")]
     values = [value for _, value in handed_over] + tangents
-    bound = {v.meta["val"].node.expr for v in values if is_sym_node(v) and "val" in v.meta}
+    bound = {v.meta["val"].node.expr for v in values if compat.is_sym_node(v) and "val" in v.meta}
     needed: set[sympy.Symbol] = set()
     for value in values:
         if "val" in value.meta:
@@ -292,14 +289,14 @@ def _backward_graph(
     return bw, values
 
 
-def _call_op(target: fx.Graph, op: OpOverload, args: tuple[Any, ...], name: str) -> fx.Node:
+def _call_op(target: fx.Graph, op: compat.OpOverload, args: tuple[Any, ...], name: str) -> fx.Node:
     """A call of one of memplan's transfer ops, with the value its fake implementation
     gives for the inputs' values (what inductor and the measurement read)."""
     node = target.create_node("call_function", op, args, name=name)
     values = fx.map_arg(args, lambda n: n.meta.get("val"))
-    tensors = [v for v in pytree.tree_leaves(values) if not isinstance(v, torch.device)]
+    tensors = [v for v in compat.tree_leaves(values) if not isinstance(v, torch.device)]
     # Fake inputs dispatch to the ops' fake implementations: nothing runs or allocates.
-    if all(isinstance(v, FakeTensor) for v in tensors):
+    if all(compat.is_fake(v) for v in tensors):
         node.meta["val"] = op(*values)
     return node
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch._C._profiler import _EventType
 
+from memplan import compat
 from memplan.core.errors import AllocatorUnreadable
 
 # How many of the calls around an allocation it keeps, innermost first: the op that
@@ -101,7 +101,7 @@ def readable() -> bool:
     """Whether `recording` can run now: not inside another torch.profiler session (a
     user's, around a training step that compiles). Kineto records one session at a time;
     one started inside another ends the outer one's recording and its events are lost."""
-    return not torch._C._autograd._profiler_enabled()
+    return not compat.profiler_running()
 
 
 @contextlib.contextmanager
@@ -130,11 +130,12 @@ def recording(
     finally:
         with _stderr_held_back(_every_line):
             profiler.__exit__(None, None, None)
+    allocation = compat.allocation_event()
     pending = list(profiler.profiler.kineto_results.experimental_event_tree())
     while pending:
         event = pending.pop()
         pending.extend(event.children)
-        if event.tag == _EventType.Allocation:
+        if event.tag == allocation:
             fields = event.extra_fields
             if _on(fields.device, device):
                 calls = _calls(event.parent) if with_calls else ()

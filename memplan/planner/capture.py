@@ -17,19 +17,15 @@ import torch
 import torch.fx as fx
 import torch.fx.traceback as fx_traceback
 from torch import nn
-from torch._functorch.aot_autograd import (
-    aot_compile_joint_with_descriptors,
-    aot_export_joint_with_descriptors,
-)
-from torch._guards import TracingContext
 from torch.overrides import TorchFunctionMode
 
+from memplan import compat
 from memplan.core.errors import UnsupportedModel, first_line
 
 # AOTAutograd's partition hook: (joint_module, joint_inputs, *, num_fwd_outputs, ...) -> (fw, bw)
 PartitionFn = Callable[..., tuple[torch.fx.GraphModule, torch.fx.GraphModule]]
 # An op -> its decomposition table, as AOTAutograd takes it.
-Decompositions = dict[torch._ops.OpOverload, Callable[..., Any]]
+Decompositions = dict[compat.OpOverload, Callable[..., Any]]
 
 
 @dataclass
@@ -67,7 +63,7 @@ class _CheckpointRegions(TorchFunctionMode):
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        hooks = torch._C._autograd._top_saved_tensors_default_hooks(True)
+        hooks = compat.saved_tensors_hooks()
         pack = None if hooks is None else hooks[0]
         if pack is None or not getattr(pack, "__qualname__", "").startswith(_CHECKPOINT_HOOKS):
             return func(*args, **(kwargs or {}))
@@ -88,12 +84,12 @@ def _exported(
             with (
                 fx_traceback.preserve_node_meta(),
                 _CheckpointRegions(),
-                torch.compiler._compile_session_context(),
+                compat.compiling_for_torch_compile(),
             ):
                 # The step's writes into its inputs (BatchNorm's running statistics) stay
                 # in the graph, as memplan's torch.compile backend has them (compile/backend.py),
                 # so that both plan one graph.
-                joint = aot_export_joint_with_descriptors(
+                joint = compat.joint_exporter()(
                     stack,
                     model,
                     tuple(example_inputs),
@@ -146,8 +142,7 @@ def keep_saved_tensors() -> None:
     reuse makes a retaining call raise. Called from a compiler AOTAutograd calls: the list
     of such buffers is shared by the step's metadata and its inner graphs', so it is
     cleared in place."""
-    context = TracingContext.try_get()
-    metadata = None if context is None else context.fw_metadata
+    metadata = compat.backward_metadata()
     if metadata is not None and metadata.bw_donated_idxs:
         metadata.bw_donated_idxs.clear()
 
@@ -166,7 +161,7 @@ def compile_training_step(
     if not model.training:
         raise UnsupportedModel(type(model).__name__, "model is in eval mode; call .train()")
     with _exported(model, example_inputs, decompositions) as joint:
-        fn = aot_compile_joint_with_descriptors(
+        fn = compat.joint_compiler()(
             joint, partition_fn=partition_fn, fw_compiler=boxed_runner, bw_compiler=boxed_runner
         )
         return Compiled(

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import torch
 from torch import fx
 
+from memplan import compat
 from memplan.core.graph import Graph, NodeKind
 from memplan.planner.views import is_view
 
@@ -106,9 +107,9 @@ def _tagged(node: fx.Node, tag: torch.Tag) -> bool:
     return op is not None and tag in op.tags
 
 
-def _op(node: fx.Node) -> torch._ops.OpOverload | None:
+def _op(node: fx.Node) -> compat.OpOverload | None:
     """The ATen op `node` calls, if it calls one."""
     target = node.target
-    if node.op == "call_function" and isinstance(target, torch._ops.OpOverload):
+    if node.op == "call_function" and compat.is_op_overload(target):
         return target
     return None

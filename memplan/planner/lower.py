@@ -13,10 +13,10 @@ from collections.abc import Callable
 
 import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.checkpoint import CheckpointPolicy
 
+from memplan import compat
 from memplan.core.errors import UnsupportedModel
 from memplan.core.graph import Graph, Node, NodeKind
 from memplan.passes.contiguous import KEPT_COPY
@@ -41,7 +41,7 @@ def drop_checked_asserts(joint: fx.GraphModule) -> None:
         target = node.target
         if (
             node.op == "call_function"
-            and isinstance(target, torch._ops.OpOverload)
+            and compat.is_op_overload(target)
             and target.name().startswith("aten::_assert_tensor_metadata")
             and not node.users
         ):
@@ -67,7 +67,7 @@ def lower(
         if n.op in ("call_module", "call_method"):
             raise UnsupportedModel(n.name, f"{n.op} nodes are not expected in an ATen joint graph")
     ids = {n: i for i, n in enumerate(fx_nodes)}
-    outputs = pytree.arg_tree_leaves(*next(iter(joint.graph.find_nodes(op="output"))).args)
+    outputs = compat.arg_tree_leaves(*next(iter(joint.graph.find_nodes(op="output"))).args)
     # The forward's mutations of its inputs (BatchNorm's running statistics, written in
     # place, as torch.compile's Inductor backend has AOTAutograd keep them in the graph)
     # read by no output: forward nodes all the same.
@@ -178,7 +178,7 @@ def _fresh_bytes(
     """Bytes a multi-output op allocates: its outputs' storages not seen before."""
     seen: set[StorageWeakRef] = set()
     total = 0
-    for item in pytree.tree_leaves(val):
+    for item in compat.tree_leaves(val):
         if isinstance(item, torch.Tensor):
             key = StorageWeakRef(item.untyped_storage())
             if key not in owner_of_storage and key not in seen:
@@ -191,7 +191,7 @@ def _aliased_owners(val: object, owner_of_storage: dict[StorageWeakRef, int]) ->
     """Owners of the existing storages a multi-output op's outputs view."""
     owners = [
         owner_of_storage[StorageWeakRef(item.untyped_storage())]
-        for item in pytree.tree_leaves(val)
+        for item in compat.tree_leaves(val)
         if isinstance(item, torch.Tensor)
         and StorageWeakRef(item.untyped_storage()) in owner_of_storage
     ]

@@ -16,9 +16,8 @@ from functools import partial
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
+from memplan import compat
 from memplan.core.collector import collector_paused
 from memplan.passes.host_memory import add_host_storage, is_host_storage
 from memplan.planner.allocator import recording
@@ -37,7 +36,7 @@ def mark_host(t: torch.Tensor) -> None:
         tracker.forget(storage)
 
 
-class LiveStorageTracker(TorchDispatchMode):
+class LiveStorageTracker(compat.TorchDispatchMode):
     """Bytes of live storages on `device`: the resident ones plus every new one an op returns.
 
     `current` drops when a storage dies (a weakref callback: torch keeps a storage's Python
@@ -68,7 +67,7 @@ class LiveStorageTracker(TorchDispatchMode):
 
     def __torch_dispatch__(
         self,
-        func: torch._ops.OpOverload,
+        func: compat.OpOverload,
         types: Sequence[type],
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
@@ -283,5 +282,7 @@ def _on(actual: torch.device, tracked: torch.device) -> bool:
 def _dense_tensors(tree: object) -> list[torch.Tensor]:
     # Sparse and other non-strided layouts have no single storage; memplan's graphs are dense.
     return [
-        x for x in tree_leaves(tree) if isinstance(x, torch.Tensor) and x.layout is torch.strided
+        x
+        for x in compat.tree_leaves(tree)
+        if isinstance(x, torch.Tensor) and x.layout is torch.strided
     ]

@@ -18,21 +18,23 @@ from typing import Any
 
 import torch
 from torch import fx
-from torch.utils._pytree import tree_leaves
 
+from memplan import compat
 from memplan.planner.shapes import hint
 
 
 def value_bytes(value: object) -> dict[int, int]:
     """{storage address: bytes} of the tensors in `value`."""
-    storages = (t.untyped_storage() for t in tree_leaves(value) if isinstance(t, torch.Tensor))
+    storages = (
+        t.untyped_storage() for t in compat.tree_leaves(value) if isinstance(t, torch.Tensor)
+    )
     return {s.data_ptr(): s.nbytes() for s in storages}
 
 
 def meta_bytes(node: fx.Node) -> int:
     """The bytes of the tensors a node's meta says it returns (at the hints)."""
     total = 0
-    for v in tree_leaves(node.meta.get("val")):
+    for v in compat.tree_leaves(node.meta.get("val")):
         if isinstance(v, torch.Tensor):
             total += v.element_size() * max(1, hint(v.numel()))
     return total

@@ -28,9 +28,8 @@ from dataclasses import dataclass, field
 import torch
 from rich.progress import track
 from torch import fx
-from torch._subclasses.fake_tensor import unset_fake_temporarily
-from torch.utils._pytree import tree_leaves, tree_map
 
+from memplan import compat
 from memplan.core.config import shows_progress
 from memplan.core.devices import DeviceSpec
 from memplan.core.errors import MemplanWarning, UnsupportedModel
@@ -89,7 +88,7 @@ def profile_graph(
     keys = {n: node_key(n, device) for n in work} if measure else {}
     # AOTAutograd calls the partition function with its fake tensor mode active: a real
     # measurement runs outside it, or every kernel would be a fake one's bookkeeping.
-    with unset_fake_temporarily():
+    with compat.real_tensors():
         measured = _cached_or_measured(gm, keys, device, cache, (warmup, repeats), progress, cap)
     spec = spec or device_spec(device)
     estimated = []
@@ -339,7 +338,7 @@ def _does_tensor_work(node: fx.Node) -> bool:
     return (
         node.op == "call_function"
         and node.target is not operator.getitem
-        and any(isinstance(v, torch.Tensor) for v in tree_leaves(node.meta.get("val")))
+        and any(isinstance(v, torch.Tensor) for v in compat.tree_leaves(node.meta.get("val")))
     )
 
 
@@ -360,7 +359,7 @@ def _synthesise(val: object, device: torch.device, floats: torch.Tensor) -> obje
             return concrete(v)
         return made_up(*_layout(v), 0, v.dtype, device, floats)
 
-    return tree_map(make, val)
+    return compat.tree_map(make, val)
 
 
 def _layout(v: torch.Tensor) -> tuple[list[int], list[int]]:
@@ -374,7 +373,7 @@ def _float_pool(nodes: list[fx.Node], device: torch.device) -> torch.Tensor:
     spans = (
         span(*_layout(v))
         for node in nodes
-        for v in tree_leaves(node.meta.get("val"))
+        for v in compat.tree_leaves(node.meta.get("val"))
         if isinstance(v, torch.Tensor) and (v.dtype.is_floating_point or v.dtype.is_complex)
     )
     return float_pool(max(spans, default=1), device)

@@ -19,6 +19,7 @@ from typing import NamedTuple
 import torch
 from torch import fx
 
+from memplan import compat
 from memplan.core import checks, config
 from memplan.planner.shapes import concrete, hint
 
@@ -123,6 +124,6 @@ def _signature(val: object) -> object:
 
 def _target_name(target: object) -> str:
     # Not repr(): a plain function's repr holds its address, which changes every run.
-    if isinstance(target, torch._ops.OpOverload):
+    if compat.is_op_overload(target):
         return str(target)
     return f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', target)}"

@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 from torch import fx
-from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
+from memplan import compat
 from memplan.core import devices
 from memplan.core.devices import DeviceSpec
 from memplan.planner.profile_cache import device_name
@@ -39,14 +39,14 @@ def roofline_seconds(node: fx.Node, spec: DeviceSpec) -> float:
     counter = FlopCounterMode(display=False, custom_mapping=MORE_FLOP_FORMULAS)
     try:
         with counter:
-            node.target(*tree_map(to_meta, args), **tree_map(to_meta, kwargs))
+            node.target(*compat.tree_map(to_meta, args), **compat.tree_map(to_meta, kwargs))
         flops = counter.get_total_flops()
     except Exception:
         # Some ops have no meta kernel or need real data (nonzero, item): bytes only.
         flops = 0
     # A view reads and writes nothing; any other op reads its inputs and writes its outputs.
     moved = 0 if is_view(node.target) else _nbytes((args, kwargs, node.meta.get("val")))
-    outputs = [v for v in tree_leaves(node.meta.get("val")) if isinstance(v, torch.Tensor)]
+    outputs = [v for v in compat.tree_leaves(node.meta.get("val")) if isinstance(v, torch.Tensor)]
     dtype = str(outputs[0].dtype).removeprefix("torch.") if outputs else "float32"
     peak = spec.matmul_flops(dtype)
     return max(flops / peak, moved / spec.bandwidth) + spec.launch_overhead
@@ -81,7 +81,7 @@ def to_meta(v: object) -> object:
 
 
 def _nbytes(tree: object) -> int:
-    tensors = (v for v in tree_leaves(tree) if isinstance(v, torch.Tensor))
+    tensors = (v for v in compat.tree_leaves(tree) if isinstance(v, torch.Tensor))
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
@@ -123,7 +123,7 @@ _CONV_BACKWARD_PER_TAP = 132
 
 def has_measured_bound(target: object) -> bool:
     """Whether the op's transient bound comes from measurements (else it is the default)."""
-    if is_view(target) or not isinstance(target, torch._ops.OpOverload):
+    if is_view(target) or not compat.is_op_overload(target):
         return True
     tags = target.tags
     return (
@@ -138,7 +138,7 @@ def has_measured_bound(target: object) -> bool:
 def estimated_workspace(node: fx.Node) -> int:
     """A conservative bound on the node's transient bytes, from its op family."""
     target = node.target
-    if is_view(target) or not isinstance(target, torch._ops.OpOverload):
+    if is_view(target) or not compat.is_op_overload(target):
         return 0
     args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
     io = _nbytes((args, kwargs, node.meta.get("val")))

@@ -25,8 +25,8 @@ import time
 import warnings
 
 import torch
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from memplan import compat
 from memplan.core.errors import MemplanWarning
 from memplan.passes.offload import OFFLOAD, PREFETCH, RELEASE, WAIT
 from memplan.planner.made_up import float_pool, made_up
@@ -52,7 +52,7 @@ def transfer_seconds(
         return cached.seconds
     # AOTAutograd plans under its fake tensor mode: the calls are timed on real tensors.
     try:
-        with unset_fake_temporarily():
+        with compat.real_tensors():
             seconds = _measured(device)
     except RuntimeError as error:
         warnings.warn(

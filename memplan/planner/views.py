@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from memplan import compat
+
 # Views that do not say so (`is_view` false: autograd does not track them as views) but
 # alias their input all the same; Inductor lowers them as views.
 VIEWS_NOT_MARKED = frozenset({torch.ops.aten._unsafe_view.default})
@@ -16,6 +18,6 @@ VIEWS_NOT_MARKED = frozenset({torch.ops.aten._unsafe_view.default})
 
 def is_view(target: object) -> bool:
     """Whether an fx node's `target` is an ATen view."""
-    if not isinstance(target, torch._ops.OpOverload):
+    if not compat.is_op_overload(target):
         return False
     return target.is_view or target in VIEWS_NOT_MARKED

@@ -16,10 +16,10 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from memplan import compat
 from memplan.core.errors import MemplanError
 from memplan.planner.capture import compile_training_step
 from memplan.planner.module import CompiledStep
@@ -52,14 +52,11 @@ def pytorch_partitioned(
         raise MemplanError(
             f"activation_memory_budget must be within [0, 1], got {activation_memory_budget}"
         )
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
-    from torch._inductor.compile_fx import select_decomp_table
-
-    with torch._functorch.config.patch(activation_memory_budget=activation_memory_budget):
+    with compat.activation_memory_budget(activation_memory_budget):
         compiled = compile_training_step(
             model,
             example_inputs,
-            functools.partial(min_cut_rematerialization_partition, compiler="inductor"),
-            decompositions=select_decomp_table(),
+            functools.partial(compat.min_cut_partitioner(), compiler="inductor"),
+            decompositions=compat.inductor_decompositions(),
         )
     return CompiledStep(model, compiled, example_inputs)

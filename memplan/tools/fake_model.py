@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
 
+from memplan import compat
 from memplan.core.errors import MemplanError, first_line
 from memplan.core.training_state import DTYPE_NAMES
 from memplan.tools.maxbatch import builder
@@ -60,7 +60,7 @@ def causal_lm(
     # use_cache stays as the config says: off, transformers reads the position ids'
     # values to look for packed sequences, which fake tensors cannot give; on, the cache
     # holds nothing the traced step keeps (the zoo's models train with it on too).
-    with FakeTensorMode() if fake else contextlib.nullcontext():
+    with compat.fake_tensor_mode() if fake else contextlib.nullcontext():
         try:
             model = AutoModelForCausalLM.from_config(
                 config, dtype=DTYPES[dtype], attn_implementation="sdpa"
@@ -93,7 +93,7 @@ def from_builder(spec: str) -> Callable[[int], Example]:
     build = builder(spec)
 
     def fake(batch: int) -> Example:
-        with FakeTensorMode():
+        with compat.fake_tensor_mode():
             try:
                 model, inputs = build(batch)
             except MemplanError:

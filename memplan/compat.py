@@ -1,10 +1,13 @@
-"""Every private torch access of the torch.compile path, in one place.
+"""Every private torch access of memplan, in one place.
 
-torch gives a backend no public way to run Inductor's joint-graph passes before
-partitioning, to read what Inductor's wrapper will allocate, or to know which Dynamo frame
-a graph comes from. Each such access is a small function here, imported where it is
-called (Inductor loads slowly), and each is smoke-tested (tests/test_compat.py) so that a
-torch upgrade that moves one fails there, by name, not deep in a compile.
+torch gives no public way to trace a training step's joint graph for a partitioner of
+one's own, to run Inductor's joint-graph passes before partitioning, to read what
+Inductor's wrapper will allocate, to read the CPU allocator's events, or to know which
+Dynamo frame a graph comes from. Each such access is a small function (or, for a type,
+an alias) here, imported where it is called (Inductor loads slowly), and each is
+smoke-tested (tests/test_compat.py), so that a torch upgrade that moves one fails there,
+by name, not deep in a compile. It sits below the planner and the passes, which use it
+too, and imports nothing of memplan.
 """
 
 from __future__ import annotations
@@ -14,6 +17,39 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import torch
+import torch._ops
+import torch.utils._pytree as _pytree
+from torch.utils._python_dispatch import TorchDispatchMode as _DispatchMode
+
+# One overload of an operator (torch.ops.aten.mm.default): what a graph's ops call.
+OpOverload = torch._ops.OpOverload
+# The base of a mode that sees every ATen call (planner/measure.py watches storages so).
+TorchDispatchMode = _DispatchMode
+
+
+def tree_leaves(tree: Any) -> list[Any]:
+    """The leaves of a nest of tuples, lists and dicts (torch's pytree)."""
+    return _pytree.tree_leaves(tree)
+
+
+def arg_tree_leaves(*args: Any, **kwargs: Any) -> list[Any]:
+    """The leaves of a call's arguments."""
+    return _pytree.arg_tree_leaves(*args, **kwargs)
+
+
+def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
+    """`tree` with `fn` applied to each leaf."""
+    return _pytree.tree_map(fn, tree)
+
+
+def tree_flatten(tree: Any) -> tuple[list[Any], Any]:
+    """The leaves of `tree` and its structure, for tree_unflatten."""
+    return _pytree.tree_flatten(tree)
+
+
+def tree_unflatten(leaves: Sequence[Any], structure: Any) -> Any:
+    """The tree of `structure` (tree_flatten's) with `leaves`."""
+    return _pytree.tree_unflatten(leaves, structure)
 
 
 def aot_autograd(**kwargs: Any) -> Callable[..., Any]:
@@ -286,7 +322,83 @@ def real_tensors() -> contextlib.AbstractContextManager[Any]:
 
 def is_op_overload(op: object) -> bool:
     """Whether `op` is one overload of an operator (torch.ops.aten.mm.default)."""
-    return isinstance(op, torch._ops.OpOverload)
+    return isinstance(op, OpOverload)
+
+
+def is_sym_node(node: torch.fx.Node) -> bool:
+    """Whether a traced graph's node is a size (a SymInt), not a tensor."""
+    from torch._functorch.partitioners import is_sym_node as sym
+
+    return bool(sym(node))
+
+
+def fake_tensor_mode() -> Any:
+    """A new fake mode: tensors made inside it have sizes and no storage."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode()
+
+
+def joint_exporter() -> Callable[..., Any]:
+    """AOTAutograd's export of a training step's joint graph, with descriptors of its
+    inputs and outputs (aot_export_joint_with_descriptors)."""
+    from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
+
+    return aot_export_joint_with_descriptors
+
+
+def joint_compiler() -> Callable[..., Any]:
+    """AOTAutograd's compile of an exported joint graph, partitioned by a function of
+    one's own (aot_compile_joint_with_descriptors)."""
+    from torch._functorch.aot_autograd import aot_compile_joint_with_descriptors
+
+    return aot_compile_joint_with_descriptors
+
+
+def compiling_for_torch_compile() -> contextlib.AbstractContextManager[Any]:
+    """A trace as torch.compile's: inside, torch.compiler.is_compiling() is true (a
+    library that takes another path under it takes it here too)."""
+    return torch.compiler._compile_session_context()
+
+
+def saved_tensors_hooks() -> tuple[Any, Any] | None:
+    """The innermost saved-tensors hooks (pack, unpack) in force, or None."""
+    return torch._C._autograd._top_saved_tensors_default_hooks(True)
+
+
+def backward_metadata() -> Any:
+    """AOTAutograd's metadata of the step being compiled (its fw_metadata), or None
+    outside a compile."""
+    from torch._guards import TracingContext
+
+    context = TracingContext.try_get()
+    return None if context is None else context.fw_metadata
+
+
+def profiler_running() -> bool:
+    """Whether a torch.profiler session records now."""
+    return bool(torch._C._autograd._profiler_enabled())
+
+
+def allocation_event() -> Any:
+    """The tag of an allocation event in the profiler's event tree."""
+    from torch._C._profiler import _EventType
+
+    return _EventType.Allocation
+
+
+def min_cut_partitioner() -> Callable[..., Any]:
+    """torch.compile's own partitioner (min_cut_rematerialization_partition)."""
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    return min_cut_rematerialization_partition
+
+
+def activation_memory_budget(budget: float) -> contextlib.AbstractContextManager[None]:
+    """torch.compile's partitioner held to `budget` (its activation_memory_budget)."""
+    import torch._functorch.config as functorch_config
+
+    return functorch_config.patch(activation_memory_budget=budget)
 
 
 def is_fake(value: Any) -> bool:
@@ -304,4 +416,10 @@ SMOKE = (
     layouts,
     torch_compile_wrapper_code,
     autograd_function_node,
+    fake_tensor_mode,
+    joint_exporter,
+    joint_compiler,
+    allocation_event,
+    compiling_for_torch_compile,
+    min_cut_partitioner,
 )
