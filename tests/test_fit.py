@@ -107,6 +107,15 @@ def test_fit_plans_the_whole_step_and_its_parts_add_up(config):
     assert found.bound <= found.planned.total
 
 
+def test_a_plan_priced_as_inductor_fuses_is_broken_down_as_it_was_solved(config):
+    # Under fused_pointwise the solvers hold no bytes for what Inductor never writes; the
+    # breakdown of the plan is of that graph too, so its total is the plan's own peak.
+    options = dataclasses.replace(H100, fused_pointwise=True)
+    found = quietly(fit, causal_lm(config, batch=2, seq=32), Budget.parse("95%"), options)
+    assert found.plan is not None and found.planned is not None
+    assert found.plan.step_peak == found.planned.total
+
+
 def test_a_budget_below_the_floor_is_proved_infeasible_without_a_search(config):
     example = causal_lm(config, batch=2, seq=32)
     found = quietly(fit, example, Budget.parse("40%"), H100)

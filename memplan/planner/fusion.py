@@ -27,12 +27,20 @@ from torch import fx
 
 from memplan import compat
 from memplan.core.graph import Graph, NodeKind
+from memplan.planner.options import PlanOptions
 from memplan.planner.views import is_view
 
 
 def fused_seconds(nodes: Sequence[fx.Node], seconds: Sequence[float]) -> list[float]:
     """`seconds` (per node of `nodes`) with the nodes Inductor fuses away at 0."""
     return [0.0 if fused_away(n) else s for n, s in zip(nodes, seconds, strict=True)]
+
+
+def as_solved(graph: Graph, nodes: Sequence[fx.Node], options: PlanOptions) -> Graph:
+    """The graph the solvers are given: under Inductor (`options.fused_pointwise`), with
+    the outputs it never writes at 0 bytes (fused_memory); else `graph` itself. A plan is
+    simulated on it wherever it is judged again (at other sizes, in a fit)."""
+    return fused_memory(graph, nodes) if options.fused_pointwise else graph
 
 
 def fused_memory(graph: Graph, nodes: Sequence[fx.Node]) -> Graph:

@@ -15,7 +15,7 @@ from memplan.core.budget import Budget
 from memplan.core.graph import Graph, Schedule
 from memplan.core.simulate import simulate
 from memplan.passes.rewrite import Lowered
-from memplan.planner.fusion import fused_memory
+from memplan.planner.fusion import as_solved
 from memplan.planner.lower import lower
 from memplan.planner.options import PlanOptions
 from memplan.planner.plan import Resident, forward_outputs, kept_for_backward, unplanned_step
@@ -124,9 +124,9 @@ class Partitioner:
             n.workspace * r.bytes // n.bytes if n.bytes else n.workspace
             for n, r in zip(traced, resized, strict=True)
         ]
-        graph = resized.replace_times([n.time for n in traced], scaled)
-        if self.options.fused_pointwise:  # as the solvers were given it (prepared.py)
-            graph = fused_memory(graph, lowered.fx_nodes)
+        graph = as_solved(
+            resized.replace_times([n.time for n in traced], scaled), lowered.fx_nodes, self.options
+        )
         options = self.options.solver_options(lowered.device.type)
         trace = simulate(graph, schedule, bandwidth=options.bandwidth)
         reference, unplanned = unplanned_step(graph, options)

@@ -23,7 +23,7 @@ from memplan.passes.contiguous import (
 )
 from memplan.passes.rewrite import Lowered, rewrite
 from memplan.planner.capture import module_copy
-from memplan.planner.fusion import fused_memory, fused_seconds
+from memplan.planner.fusion import as_solved, fused_seconds
 from memplan.planner.lower import drop_checked_asserts, lower, write_inputs_early
 from memplan.planner.options import PlanOptions
 from memplan.planner.plan import Resident, plan_graph, profile_cap, say_again
@@ -103,8 +103,7 @@ class Prepared:
         # held at 0 bytes. The graph as lowered stays the one a plan is made for (its
         # fingerprint) and rewritten from.
         self.solved = {
-            way: fused_memory(low.graph, low.fx_nodes) if options.fused_pointwise else low.graph
-            for way, low in self.variants.items()
+            way: as_solved(low.graph, low.fx_nodes, options) for way, low in self.variants.items()
         }
 
     @property

@@ -26,6 +26,7 @@ from memplan.core.graph import Graph, Schedule
 from memplan.core.simulate import MemoryTrace, simulate
 from memplan.core.training_state import Breakdown, TrainingState, breakdown, floor, per_rank
 from memplan.planner.capture import compile_training_step
+from memplan.planner.fusion import as_solved
 from memplan.planner.options import PlanOptions
 from memplan.planner.partitioner import Partitioner
 from memplan.planner.plan import Resident, unplanned_step
@@ -143,8 +144,9 @@ def fit(
     if plan is not None:
         schedule, lowered = partitioner.schedules[-1], partitioner.lowered[-1]
         bandwidth = options.solver_options(lowered.device.type).bandwidth
-        trace = simulate(lowered.graph, schedule, bandwidth=bandwidth)
-        planned = breakdown(lowered.graph, schedule, trace, state)
+        solved = as_solved(lowered.graph, lowered.fx_nodes, options)
+        trace = simulate(solved, schedule, bandwidth=bandwidth)
+        planned = breakdown(solved, schedule, trace, state)
     return Fit(
         name=example.name,
         device=options.device_spec.name if options.device_spec else "this machine",
