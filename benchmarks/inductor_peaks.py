@@ -52,8 +52,8 @@ class Row:
     budget_bytes: int
     predicted: int  # of what Inductor runs: Plan.peak (Plan.compiled_peak)
     measured: int
-    simulated: int = 0  # the plan's unfused prediction (Plan.predicted_peak)
-    plans: int = 1  # rounds of planning, each compiled and checked
+    simulated: int = 0  # the plan's peak as planned (Plan.predicted_peak)
+    plans: int = 1  # rounds of the search, each compiled and read
 
     @property
     def error(self) -> float:
@@ -111,10 +111,11 @@ def markdown(rows: list[Row], where: dict[str, Any]) -> str:
         f"{where['device']}.json`. Each zoo model is compiled with memplan's backend "
         "(Inductor the inner compiler) at each budget; the allocator reads one steady step. "
         "Predicted: the peak of the graphs as Inductor compiled them (`Plan.compiled_peak`: "
-        "the simulator's peak of each phase plus the compiled graph's measured difference "
-        "from the unfused one, run once on random inputs); simulated: the simulator's "
-        "prediction of the unfused graphs, for comparison; plans: the rounds of planning "
-        "at a budget moved by Inductor's difference.",
+        "the simulator's peak of the buffers Inductor's wrapper allocates, reuses and "
+        "frees, read from its compile before anything runs, core/emitted.py); simulated: "
+        "the simulator's peak of the plan as the solver planned it, for comparison; plans: "
+        "the rounds of the search, each planned at an aim, compiled and read "
+        "(compile/search.py).",
         "",
         f"- Measured peak within the budget: {within} of {len(rows)} runs.",
         f"- Measured within {TOLERANCE:.0%} of the prediction: {close} of {len(rows)} runs.",
