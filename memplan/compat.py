@@ -387,6 +387,25 @@ def allocation_event() -> Any:
     return _EventType.Allocation
 
 
+def post_grad_pass(run: Callable[[torch.fx.Graph], None], name: str) -> Any:
+    """`run` as a pass Inductor runs on each graph after its own post-grad passes (the
+    setting post_grad_custom_post_pass), named `name` in its cache key and when printed
+    (a plan's cache key prints the settings)."""
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    class _Pass(CustomGraphPass):
+        def __call__(self, graph: torch.fx.Graph) -> None:
+            run(graph)
+
+        def uuid(self) -> str:
+            return name
+
+        def __repr__(self) -> str:
+            return name
+
+    return _Pass()
+
+
 def min_cut_partitioner() -> Callable[..., Any]:
     """torch.compile's own partitioner (min_cut_rematerialization_partition)."""
     from torch._functorch.partitioners import min_cut_rematerialization_partition

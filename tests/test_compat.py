@@ -51,6 +51,15 @@ def test_outside_a_compile_or_a_profile_there_is_nothing_to_read():
         assert compat.profiler_running()
 
 
+def test_a_post_grad_pass_is_named_in_the_cache_key_and_runs_on_the_graph():
+    seen = []
+    made = compat.post_grad_pass(seen.append, "memplan.test")
+    assert made.uuid() == repr(made) == "memplan.test"
+    graph = torch.fx.Graph()
+    made(graph)
+    assert seen == [graph]
+
+
 def test_a_nest_is_flattened_and_mapped_as_torch_does():
     nest = (1, [2, {"a": 3}])
     leaves, structure = compat.tree_flatten(nest)

@@ -33,6 +33,7 @@ from memplan.compile.inductor import (
     inductor_decompositions,
 )
 from memplan.compile.ledger import ROOM_SLACK, StepLedger
+from memplan.compile.products import SETTING, products_pass
 from memplan.compile.replanner import Replanner
 from memplan.compile.rounds import GraphSearch
 from memplan.compile.runner import GraphRunner
@@ -84,7 +85,11 @@ class MemplanBackend:
         # Inductor runs with torch.compile's own settings (layout optimization included:
         # the channels-last copies it makes are in what the rounds read), unless overridden.
         # None: unfused.
+        # Its addmm rewrite is undone where it moves a product (compile/products.py),
+        # unless the user gave a post-grad pass of their own.
         self.settings = None if inner == "eager" else dict(inductor_config or {})
+        if self.settings is not None:
+            self.settings.setdefault(SETTING, products_pass())
         # Inductor lowers only graphs decomposed by its own table (as torch.compile's
         # default backend traces them): planned on the decomposed graph, the plan is of
         # the ops inductor is given.
