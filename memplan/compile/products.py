@@ -7,8 +7,9 @@ product, made from the logits' gradient early in the backward, added to the embe
 gradient at its end. Moved, the logits' gradient (2 MiB on the zoo's BERT) stays live
 through the whole backward. The plan ran the product where its inputs were ready and
 freed them: on BERT's least-memory plan, 7.36 MB planned compiled to 10.44 MB with the
-rewrite and 8.20 MB without it; on GPT-2 of the head to head, 10.62 MB (two rounds)
-against 9.43 MB (one). (2-core CPU, 2026-12-07.)
+rewrite and 8.20 MB without it (benchmarks.inductor_peaks); on GPT-2 of the head to head,
+10.62 MB (two rounds) against 9.10 MB (one) (benchmarks.head_to_head; 2-core CPU,
+2026-12-07).
 
 `products_where_planned` undoes the moves: run after Inductor's own passes (the setting
 `post_grad_custom_post_pass`), it splits each addmm that adds a full-sized tensor (not a
