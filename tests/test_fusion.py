@@ -7,6 +7,7 @@ they read live."""
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import memplan
+from memplan import compat
 from memplan.core.budget import Budget
 from memplan.core.graph import Graph, NodeKind
 from memplan.planner.capture import compile_training_step
@@ -75,10 +77,17 @@ class _Squared(nn.Module):
         return self.linear(x).pow(2).mean()
 
 
-def _solved(fused: bool, model: nn.Module | None = None) -> tuple[Graph, Partitioner]:
-    """The graph the solver is given for a small model's training step, and its partitioner."""
+def _solved(
+    fused: bool,
+    model: nn.Module | None = None,
+    inputs: tuple[torch.Tensor, ...] | None = None,
+    decompositions: dict[Any, Any] | None = None,
+) -> tuple[Graph, Partitioner]:
+    """The graph the solver is given for a small model's training step (its ops decomposed
+    with `decompositions` where given), and its partitioner."""
     torch.manual_seed(0)
-    model, inputs = model if model is not None else _Scaled(), (torch.randn(32, 64),)
+    model = model if model is not None else _Scaled()
+    inputs = inputs if inputs is not None else (torch.randn(32, 64),)
     seen: list[Graph] = []
 
     def look(graph: Graph) -> Graph:
@@ -88,7 +97,7 @@ def _solved(fused: bool, model: nn.Module | None = None) -> tuple[Graph, Partiti
     options = PlanOptions(progress=False, fused_pointwise=fused)
     partitioner = Partitioner(Budget.parse("100%"), options, name="scaled")
     partitioner.before_solving = look
-    compile_training_step(copy.deepcopy(model), inputs, partitioner)
+    compile_training_step(copy.deepcopy(model), inputs, partitioner, decompositions)
     (graph,) = seen
     return graph, partitioner
 
@@ -138,6 +147,47 @@ def test_what_inductor_never_writes_holds_no_memory_and_keeps_what_it_reads_live
     _, unfused_step = unplanned_step(graph, partitioner.options.solver_options("cpu"))
     less = [u - f for u, f in zip(unfused_step.live, fused_step.live, strict=True)]
     assert min(less) >= 0 and max(less) >= min(graph[n.id].bytes for n in unwritten)
+
+
+class _Embedded(nn.Module):
+    """Token embeddings, all but the first position read: the backward makes the
+    embedding's gradient by scattering into a fill of zeros, and the slice's by padding
+    with one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding, self.linear = nn.Embedding(4096, 64), nn.Linear(64, 64)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.linear(self.embedding(ids)[:, 1:]).pow(2).mean()
+
+
+def test_a_fill_that_inductor_writes_into_a_copy_of_is_never_written():
+    """Inductor lowers a scatter by cloning its destination into the buffer it returns,
+    so a fill of zeros there is computed in the clone's kernel: counted as written, it
+    doubled the embedding gradient's bytes at the backward's end."""
+    ids = torch.randint(0, 4096, (8, 32))
+    decompositions = compat.inductor_decompositions()  # as the backend traces for Inductor
+    graph, partitioner = _solved(False, _Embedded(), (ids,), decompositions)
+    nodes = partitioner.lowered[0].fx_nodes
+    solved = fused_memory(graph, nodes)
+    weight = 4096 * 64 * 4
+    (scatter,) = [n for n in graph if "index_put" in n.op]
+    destination = graph[scatter.inputs[0]]
+    assert destination.op == "aten.full.default" and destination.bytes == weight
+    assert fused_away(nodes[destination.id]) and solved[destination.id].bytes == 0
+    assert solved[scatter.id].bytes == weight  # the clone's buffer, which it returns
+    # What it scatters is read as written, not inlined: it keeps its bytes.
+    values = [i for i in scatter.inputs[1:] if graph[i].bytes]
+    assert values and all(solved[i].bytes == graph[i].bytes for i in values)
+    # The slice's gradient pads with zeros in one kernel: its fill is never written.
+    (pad,) = [n for n in graph if n.op == "aten.slice_scatter.default"]
+    fills = [i for i in pad.inputs if graph[i].op == "aten.full.default"]
+    assert fills and all(solved[i].bytes == 0 < graph[i].bytes for i in fills)
+    # The step as written holds the embedding's gradient once at the scatter, not twice.
+    options = partitioner.options.solver_options("cpu")
+    (_, fused_step), (_, unfused_step) = (unplanned_step(g, options) for g in (solved, graph))
+    assert unfused_step.peak - fused_step.peak >= weight
 
 
 @pytest.mark.usefixtures("private_cache")  # planned here, not read from an earlier run

@@ -95,19 +95,69 @@ def _readers(graph: Graph, nodes: Sequence[fx.Node], node_id: int) -> list[int]:
     return found
 
 
+_aten = torch.ops.aten
+# Ops Inductor lowers to a constant fill (lowering.tensor_constructor): a pointwise
+# computation of no inputs, inlined into its readers as any pointwise op is. An
+# embedding's gradient is a scatter into one: counted as written, the fill doubled the
+# gradient's bytes at the backward's end.
+_FILLS = frozenset(
+    {
+        _aten.full.default,
+        _aten.full_like.default,
+        _aten.zeros.default,
+        _aten.zeros_like.default,
+        _aten.ones.default,
+        _aten.ones_like.default,
+        _aten.new_zeros.default,
+        _aten.new_ones.default,
+        _aten.new_full.default,
+    }
+)
+# Ops Inductor lowers by cloning their first input into the buffer they return, then
+# writing into that (lowering.index_put, lowering.scatter): the clone's kernel computes
+# the first input, so a pointwise one is never written.
+_INTO_A_COPY = frozenset(
+    {
+        _aten.index_put.default,
+        _aten._unsafe_index_put.default,
+        _aten._unsafe_masked_index_put_accumulate.default,
+        _aten.scatter.src,
+        _aten.scatter.value,
+        _aten.scatter.reduce,
+        _aten.scatter.value_reduce,
+        _aten.scatter_add.default,
+        _aten.scatter_reduce.two,
+    }
+)
+# Ops Inductor lowers to one pointwise computation of both their inputs
+# (lowering.slice_scatter, lowering.select_scatter): a slice's gradient fills the rest.
+_POINTWISE_LOWERED = frozenset({_aten.slice_scatter.default, _aten.select_scatter.default})
+
+
 def fused_away(node: fx.Node) -> bool:
     """Whether Inductor runs `node` without a kernel or an output buffer of its own: a
-    view, or a pointwise op every reader of which (through views) it is inlined into."""
+    view, or a pointwise op or a constant fill every reader of which (through views) it
+    is inlined into."""
     if is_view(node.target):
         return True
-    return _tagged(node, torch.Tag.pointwise) and all(_inlines(user) for user in node.users)
+    pointwise = _tagged(node, torch.Tag.pointwise) or _op(node) in _FILLS
+    return pointwise and all(_inlines(user, node) for user in node.users)
 
 
-def _inlines(reader: fx.Node) -> bool:
-    """Whether Inductor computes what `reader` reads inside `reader`'s own kernel."""
+def _inlines(reader: fx.Node, source: fx.Node) -> bool:
+    """Whether Inductor computes `source`, which `reader` reads, inside a kernel of
+    `reader`'s own."""
     if is_view(reader.target):
-        return all(_inlines(user) for user in reader.users)
-    return _tagged(reader, torch.Tag.pointwise) or _tagged(reader, torch.Tag.reduction)
+        return all(_inlines(user, reader) for user in reader.users)
+    op = _op(reader)
+    if op in _INTO_A_COPY:  # the first input only; the others are read as written
+        rest = compat.arg_tree_leaves(*reader.args[1:], **reader.kwargs)
+        return reader.args[0] is source and all(value is not source for value in rest)
+    return (
+        _tagged(reader, torch.Tag.pointwise)
+        or _tagged(reader, torch.Tag.reduction)
+        or op in _POINTWISE_LOWERED
+    )
 
 
 def _tagged(node: fx.Node, tag: torch.Tag) -> bool:
