@@ -2,10 +2,10 @@
 where it is never written, at 0 bytes.
 
 The profiler times each node as its own kernel, as the unfused graphs run. Inductor
-inlines a pointwise op (an add, a GELU, the scaling half of a normalization) into the
-kernels of the pointwise ops and reductions that read it, where its output is never
-written and it costs no kernel of its own; a view is a reinterpretation of a buffer under
-any compiler. A pointwise op read by a matrix product, a convolution or another kernel
+inlines a pointwise op (an add, a GELU, the scaling half of a normalization) or a
+constant fill into the kernels of the pointwise ops and reductions that read it, and into
+the copy a scatter is written into, where its output is never written and it costs no
+kernel of its own; a view is a reinterpretation of a buffer under any compiler. A pointwise op read by a matrix product, a convolution or another kernel
 Inductor does not generate is still a kernel that writes its output, and keeps its
 profiled time. Priced unfused, plans that differ in how many fused-away ops they recompute
 are ranked by time Inductor never spends, and each run's profile noise picks between them.
