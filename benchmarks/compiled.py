@@ -49,6 +49,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
+import torch._functorch.config  # set below; `import torch` alone does not load it
 from rich.console import Console
 from rich.progress import Progress
 from torch import nn

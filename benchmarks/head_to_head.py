@@ -50,6 +50,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
+import torch._functorch.config  # set below; `import torch` alone does not load it
 
 from benchmarks.beyond import BEYOND
 from benchmarks.models import LOWER_REQUIRED, SLOWER_ALLOWED, machine, source_commit

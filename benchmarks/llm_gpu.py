@@ -84,6 +84,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
+import torch._functorch.config  # set below; `import torch` alone does not load it
 from torch import nn
 
 from benchmarks.models import machine

@@ -35,6 +35,7 @@ from typing import Any
 from unittest import mock
 
 import torch
+import torch._functorch.config  # set below; `import torch` alone does not load it
 import torch._inductor.compile_fx as compile_fx
 from rich.progress import track
 from torch import fx
