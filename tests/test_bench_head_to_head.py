@@ -3,6 +3,9 @@ which runs a model's benchmark makes, keeps or makes again."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -183,3 +186,21 @@ def test_runs_on_a_gpu_asked_of_a_machine_without_one_are_refused_in_one_line(ca
     with pytest.raises(SystemExit):
         h2h.main(["--device", "cuda", "--models", "mlp"])
     assert "--device cuda: torch sees no CUDA device here" in capsys.readouterr().err
+
+
+def test_a_torch_compile_point_is_set_in_a_fresh_process():
+    """A run is a process of its own, in which `import torch` does not load the
+    partitioner's config: the zoo's MLP, which imports nothing else that does, failed at
+    every torch.compile point. Here its point is set and read in such a process; the
+    model runs eagerly (Inductor's compile is not what is tested)."""
+    script = (
+        "import torch\n"
+        "from benchmarks import head_to_head as h2h\n"
+        "torch.compile = lambda model, **_: model\n"
+        "found = h2h.one_run('mlp', 'torch', '0.6')\n"
+        "assert 'peak' in found, found\n"
+        "assert torch._functorch.config.activation_memory_budget == 0.6\n"
+    )
+    root = Path(__file__).resolve().parents[1]  # where `benchmarks` imports from
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=root)
+    assert done.returncode == 0, done.stderr[-2000:]
