@@ -5,10 +5,11 @@ The profiler times each node as its own kernel, as the unfused graphs run. Induc
 inlines a pointwise op (an add, a GELU, the scaling half of a normalization) or a
 constant fill into the kernels of the pointwise ops and reductions that read it, and into
 the copy a scatter is written into, where its output is never written and it costs no
-kernel of its own; a view is a reinterpretation of a buffer under any compiler. A pointwise op read by a matrix product, a convolution or another kernel
-Inductor does not generate is still a kernel that writes its output, and keeps its
-profiled time. Priced unfused, plans that differ in how many fused-away ops they recompute
-are ranked by time Inductor never spends, and each run's profile noise picks between them.
+kernel of its own; a view is a reinterpretation of a buffer under any compiler. A
+pointwise op read by a matrix product, a convolution or another kernel Inductor does not
+generate is still a kernel that writes its output, and keeps its profiled time. Priced
+unfused, plans that differ in how many fused-away ops they recompute are ranked by time
+Inductor never spends, and each run's profile noise picks between them.
 
 Its output is never written only where no graph beyond its own reads it: a forward op the
 backward reads is saved, so written, whatever its readers do with it. Counted unfused, a
