@@ -49,7 +49,6 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
-import torch._functorch.config  # set below; `import torch` alone does not load it
 from rich.console import Console
 from rich.progress import Progress
 from torch import nn
@@ -71,6 +70,7 @@ from benchmarks.models import (
 )
 from benchmarks.pages import measured_on, saved_section, write_section
 from benchmarks.paths import DOCS, RESULTS
+from memplan import compat
 from memplan.compile.backend import MemplanBackend
 from memplan.core.budget import Budget
 from memplan.core.errors import InfeasibleBudget, MemplanError, cause_of
@@ -220,7 +220,7 @@ class Compiled:
         noise floor of the head-to-head verdicts."""
         setting = pytorch_label(budget)
         run = CompiledRun(self.bench.example.name, "pytorch", setting, None, "ok")
-        patch = torch._functorch.config.patch(activation_memory_budget=budget)
+        patch = compat.activation_memory_budget(budget)
         return self._measure(run, torch.compile, patch, against=setting if against_itself else "")
 
     def memplan(
@@ -377,7 +377,7 @@ class Compiled:
         pairs = head_to_head_pairs(self.bench.repeats, step_seconds, self.head_to_head_seconds)
         model = copy.deepcopy(self.bench.model)
         before = compiled_graphs()
-        with torch._functorch.config.patch(activation_memory_budget=float(setting)):
+        with compat.activation_memory_budget(float(setting)):
             twin = training_step(torch.compile(model), self.bench.inputs)
             twin()  # compiles, inside the patch: the partitioner runs on the first call
             _, ratio = paired_step_seconds(
