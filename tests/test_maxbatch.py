@@ -4,6 +4,7 @@ enforced, the search lands on the boundary, and memplan trains a larger batch th
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 
 import pytest
@@ -58,7 +59,7 @@ def test_memplan_trains_a_larger_batch_than_eager_under_the_same_cap():
         build,
         CAP,
         ["eager", "memplan"],
-        overhead=100.0,  # only memory decides here; the step-time limit has its own test
+        overhead=math.inf,  # only memory decides here; the step-time limit has its own test
         start=64,
         limit=4096,
         repeats=1,
@@ -70,6 +71,20 @@ def test_memplan_trains_a_larger_batch_than_eager_under_the_same_cap():
     assert ("memplan", planned.batch, True) in seen
     failed = [p for p in planned.probes if not p.fits]
     assert failed and all(p.batch > planned.batch for p in failed)
+
+
+def test_no_overhead_limit_lets_a_slow_step_fit(monkeypatch):
+    """With `overhead=math.inf` time decides nothing: each step timed here is ten times
+    slower than the one before, yet memplan's search still lands above eager's batch.
+    (A finite limit, however generous, lets a stalled step on a loaded machine fail a
+    batch below the boundary.)"""
+    times = iter(10.0**k for k in range(1000))
+    monkeypatch.setattr(maxbatch, "median_step_seconds", lambda *_, **__: next(times))
+    eager, planned = maxbatch.max_batch(
+        build, CAP, ["eager", "memplan"], overhead=math.inf, start=64, limit=4096, repeats=1
+    )
+    assert planned.batch > eager.batch
+    assert all(p.step_seconds is None for p in planned.probes if not p.fits)
 
 
 def test_every_fit_is_within_the_overhead_limit():

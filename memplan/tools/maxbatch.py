@@ -79,13 +79,13 @@ def max_batch(
 ) -> list[MaxBatch]:
     """The largest batch under `cap_bytes` for each of `methods` ("eager", "pytorch",
     "memplan"). Eager runs first: its time per sample at its largest batch is what the
-    others' overhead is measured against."""
+    others' overhead is measured against; `overhead=math.inf` sets no step-time limit."""
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise MemplanError(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
     if cap_bytes <= 0 or not 1 <= start <= limit:
         raise MemplanError(f"need a positive cap and 1 <= start <= limit, got {cap_bytes}, {start}")
-    if overhead < 0 or not math.isfinite(overhead):
+    if not overhead >= 0:  # NaN fails this too
         raise MemplanError(f"overhead limit must be a non-negative number, got {overhead}")
     trial = _Trial(build, cap_bytes, solver, time_limit, repeats)
     eager = search("eager", trial.eager, cap_bytes, start, limit, on_probe)
