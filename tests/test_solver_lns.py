@@ -106,7 +106,7 @@ def test_the_same_seed_and_sequence_give_the_same_result():
             start.append(v - 2)  # computed again: its inputs were computed before it
     budget = remat.score(graph, start).peak
     first, again = (
-        lns.improve(graph, start, budget, time.perf_counter() + 120, seed=3, window=12)
+        lns.improve(graph, start, budget, math.inf, seed=3, window=12)  # no clock: same work
         for _ in range(2)
     )
     assert first[1].windows > 1

@@ -67,10 +67,10 @@ def test_the_search_never_ends_above_its_plain_greedy_start(graph, seed):
 
 
 def test_the_same_seed_gives_the_same_order():
-    """Target 0, which no order meets, so that both searches make every move."""
+    """Target 0, which no order meets, so that both searches make every move (no deadline:
+    one that a loaded machine reaches would cut one search short of the other)."""
     graph = random_layered_graph(30, seed=3)
-    deadline = time.perf_counter() + 60
-    first, again = (searched_order(graph, 0, 7, deadline) for _ in range(2))
+    first, again = (searched_order(graph, 0, 7, math.inf) for _ in range(2))
     assert first == again
 
 

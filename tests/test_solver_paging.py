@@ -82,8 +82,9 @@ def test_transfers_hidden_under_compute_beat_recomputation_on_vgg16(solver: str)
     budget = remat.resolve_budget(graph, "0.9")
     reference = remat.reference(graph)
     link = sum(n.bytes for n in graph) / reference.duration  # all outputs once per step
-    alone = judged(graph, EXACT[solver](graph, budget, options(time_limit=60)), None)
-    paged = judged(graph, EXACT[solver](graph, budget, options(link, time_limit=60)), link)
+    # The optimum must be proven: the limits bound a hang (60 s was reached under load).
+    alone = judged(graph, EXACT[solver](graph, budget, options(time_limit=300)), None)
+    paged = judged(graph, EXACT[solver](graph, budget, options(link, time_limit=300)), link)
     assert alone.time > reference.duration  # remat alone recomputes to fit
     assert paged.peak <= budget
     assert paged.stall == 0 and paged.time == pytest.approx(reference.duration)
