@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -161,7 +162,7 @@ def test_general_is_deterministic_per_seed():
     """With no time limit that a loaded machine could reach first: its moves are counted."""
     graph = random_layered_graph(400, seed=1)
     budget = remat.resolve_budget(graph, "0.9")
-    unlimited = SolverOptions(problem="general", time_limit=1e9)
+    unlimited = dataclasses.replace(GENERAL, time_limit=1e9)
     first, second = solve(graph, budget, unlimited), solve(graph, budget, unlimited)
     assert first.schedule is not None and first.schedule == second.schedule
 
